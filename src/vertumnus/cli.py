@@ -1,0 +1,3 @@
+"""The ``vertumnus`` command."""
+def main(argv=None) -> int:
+    return 0

@@ -1,0 +1,1 @@
+"""Pure policy core: no I/O, no clocks, no module state."""

@@ -1,0 +1,125 @@
+"""The global prefix trie: which worker holds which cached prefix (design.md section 6).
+
+Node z is one cache block; the root→z path is the prefix ending at z. A
+worker is a **holder** of z when it caches the whole prefix root→z. The trie
+is built from the cache events workers publish (block stored with its
+parent, block removed) and answers, for an arriving request, how many of its
+leading blocks each worker holds — in O(blocks in the request + holders on the
+path), never O(trie).
+
+Nodes are kept while some worker holds them or they have children; a node
+that loses its last holder and has no children is dropped, and so on upwards.
+The cache manager (``vertumnus.core.cachemanager``) keeps its per-node
+counters on the nodes themselves (``stats``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+
+class TrieNode:
+    __slots__ = ("key", "parent", "depth", "children", "holders", "stats")
+
+    def __init__(self, key: int, parent: TrieNode | None) -> None:
+        self.key = key
+        self.parent = parent
+        self.depth: int = 1 if parent is None else parent.depth + 1
+        """Blocks on the root→z path, z included (the prefix length in blocks)."""
+        self.children: dict[int, TrieNode] = {}
+        self.holders: set[int] = set()
+        self.stats: Any = None
+
+    def __repr__(self) -> str:
+        return f"TrieNode(depth={self.depth}, holders={sorted(self.holders)})"
+
+
+class PrefixTrie:
+    """Global index of cached prefixes across workers."""
+
+    __slots__ = ("nodes", "roots")
+
+    def __init__(self) -> None:
+        self.nodes: dict[int, TrieNode] = {}
+        self.roots: dict[int, TrieNode] = {}
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    # -- events ---------------------------------------------------------------
+
+    def stored(self, worker: int, key: int, parent_key: int | None) -> TrieNode:
+        """Worker ``worker`` now caches the prefix ending at ``key``."""
+        node = self.nodes.get(key)
+        if node is None:
+            parent = None
+            if parent_key is not None:
+                parent = self.nodes.get(parent_key)
+                if parent is None:
+                    raise ValueError(
+                        f"block {key:#x} stored by worker {worker} before its parent {parent_key:#x}"
+                    )
+            node = TrieNode(key, parent)
+            self.nodes[key] = node
+            (parent.children if parent is not None else self.roots)[key] = node
+        node.holders.add(worker)
+        return node
+
+    def removed(self, worker: int, key: int) -> None:
+        """Worker ``worker`` no longer caches the block ``key``."""
+        node = self.nodes.get(key)
+        if node is None:
+            return
+        node.holders.discard(worker)
+        self._prune(node)
+
+    def apply(self, worker: int, stored: Iterable[tuple[int, int | None]], removed: Iterable[int]) -> None:
+        for key, parent in stored:
+            self.stored(worker, key, parent)
+        for key in removed:
+            self.removed(worker, key)
+
+    def drop_worker(self, worker: int) -> None:
+        """Forget everything ``worker`` held (it left the pool or lost its cache)."""
+        for node in [n for n in self.nodes.values() if worker in n.holders]:
+            node.holders.discard(worker)
+        for node in [n for n in self.nodes.values() if not n.holders and not n.children]:
+            self._prune(node)
+
+    def _prune(self, node: TrieNode | None) -> None:
+        while node is not None and not node.holders and not node.children and node.key in self.nodes:
+            del self.nodes[node.key]
+            parent = node.parent
+            (parent.children if parent is not None else self.roots).pop(node.key, None)
+            node = parent
+
+    # -- queries --------------------------------------------------------------
+
+    def match(self, keys: Sequence[int]) -> list[TrieNode]:
+        """MatchedPath: the nodes of the longest prefix of ``keys`` present in
+        the trie, whoever holds them."""
+        path = []
+        nodes = self.nodes
+        for k in keys:
+            node = nodes.get(k)
+            if node is None:
+                break
+            path.append(node)
+        return path
+
+    @staticmethod
+    def holder_depths(path: Sequence[TrieNode]) -> dict[int, int]:
+        """Per worker, how many leading blocks of ``path`` it holds."""
+        depths: dict[int, int] = {}
+        for node in path:
+            if not node.holders:
+                # A holder of a deeper node holds this one too, so an empty
+                # holder set means nobody holds anything deeper.
+                break
+            for w in node.holders:
+                depths[w] = node.depth
+        return depths
+
+    def matched_blocks(self, keys: Sequence[int]) -> dict[int, int]:
+        return self.holder_depths(self.match(keys))

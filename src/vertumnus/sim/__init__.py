@@ -1,0 +1,1 @@
+"""Trace-driven discrete-event simulator over the policy core."""

@@ -1,0 +1,1 @@
+"""The worker: CP prefill engine (torch) and its gRPC service."""
