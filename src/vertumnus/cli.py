@@ -1,3 +1,312 @@
-"""The ``vertumnus`` command."""
-def main(argv=None) -> int:
+"""The ``vertumnus`` command.
+
+Subcommands:
+
+- ``simulate`` — replay a trace (Mooncake JSONL, Azure CSV, or the built-in
+  synthetic workload) through one or more placement policies side by side.
+- ``fit`` — fit the prefill-time model E_C(R, P) to a measurement profile.
+- ``trace-stats`` — the statistics of a trace (lengths, rate, prefix reuse).
+- ``profiles`` — list the bundled prefill-time profiles.
+- ``engine verify`` / ``profile`` — the CP prefill engine (needs the
+  ``worker`` extra: torch).
+
+Every user error (a malformed trace line, a bad composition, a composition
+larger than the GPU budget, a missing file) ends with one line on stderr
+naming the problem and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+DEFAULT_COMPARE = (
+    "vertumnus:4xCP4+3xCP8,round-robin:4xCP4+3xCP8,least-work:4xCP4+3xCP8,"
+    "length-only:4xCP4+3xCP8,cache-first:4xCP4+3xCP8"
+)
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return v
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+# -- simulate -----------------------------------------------------------------
+
+
+def _add_simulate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="replay a trace through placement policies side by side",
+        description=(
+            "Replay a trace through one or more policies on a simulated prefill pool and "
+            "compare TTFT, SLO attainment and prefix-cache hit rate. POLICY is KIND:COMPOSITION "
+            "(e.g. vertumnus:4xCP4+3xCP8) or a kind that picks its own composition."
+        ),
+    )
+    p.add_argument("--trace", default="synthetic", help="synthetic[:KEY=VAL,...] | PATH.jsonl (Mooncake) | PATH.csv (Azure); default: synthetic")
+    p.add_argument("--gpus", type=_positive_int, default=40, help="GPU budget of the pool (default 40)")
+    p.add_argument("--compare", default=DEFAULT_COMPARE, help="comma-separated POLICY list (default: the five fixed-pool baselines on 4xCP4+3xCP8)")
+    p.add_argument("--rate-scale", type=_positive_float, default=1.0, help="compress arrivals by X (2 = twice the request rate)")
+    p.add_argument("--phases", default=None, help="reshape the trace into workload phases (see docs: vertumnus.sim.phases)")
+    p.add_argument("--seed", type=int, default=0, help="seed for the synthetic generator and phase resampling")
+    p.add_argument("--profile", default=None, help="prefill-time profile: bundled name or .json path (default qwen3-30b-a3b/h200)")
+    p.add_argument("--block-size", type=_positive_int, default=None, help="tokens per cache block (default: the trace's, 512)")
+    p.add_argument("--cache-blocks-per-gpu", type=_nonneg_int, default=1000, help="prefix-cache capacity per GPU in blocks (default 1000)")
+    p.add_argument("--t-ext", type=_nonneg_float, default=0.05, help="T_ext seconds added to every TTFT (KV transfer + first token; default 0.05)")
+    p.add_argument("--beta", type=float, default=None, help="placement beta (>= 1)")
+    p.add_argument("--lambda", dest="lam", type=float, default=None, help="placement lambda (>= 0)")
+    p.add_argument("--slo-scale", type=_positive_float, default=5.0, help="SLO: tau = max(floor, scale x isolated prefill on the largest degree); default 5")
+    p.add_argument("--slo-floor", type=_nonneg_float, default=2.0, help="SLO floor in seconds (default 2)")
+    p.add_argument("--json", dest="json_out", default=None, help="write results as JSON here")
+    p.add_argument("--plot", default=None, help="write a TTFT-over-time plot (PNG) here")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar (default: when stderr is a terminal)")
+    p.set_defaults(func=cmd_simulate)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from vertumnus.core.metrics import SloRule
+    from vertumnus.core.placement import PlacementParams
+    from vertumnus.profiles import DEFAULT_PROFILE, load_model
+    from vertumnus.sim import report
+    from vertumnus.sim.runner import RunSettings, parse_policy_specs, run_policy
+    from vertumnus.sim.traces import load_trace, scale_rate
+
+    model = load_model(args.profile or DEFAULT_PROFILE)
+    specs = parse_policy_specs(args.compare, args.gpus)
+    for out in (args.json_out, args.plot):
+        if out is not None and not Path(out).resolve().parent.is_dir():
+            raise UsageError(f"output folder does not exist: {Path(out).parent}")
+    placement = PlacementParams()
+    placement = PlacementParams(
+        beta=placement.beta if args.beta is None else args.beta,
+        lam=placement.lam if args.lam is None else args.lam,
+    )
+    trace = load_trace(args.trace, seed=args.seed, block_size=args.block_size)
+    phases: tuple[tuple[float, float, str], ...] = ()
+    if args.phases:
+        from vertumnus.sim.phases import apply_phases
+
+        trace, bounds = apply_phases(trace, args.phases, seed=args.seed)
+        phases = tuple(bounds)
+    trace = scale_rate(trace, args.rate_scale)
+    if args.rate_scale != 1.0:
+        phases = tuple((s / args.rate_scale, e / args.rate_scale, label) for s, e, label in phases)
+    settings = RunSettings(
+        model=model,
+        gpus=args.gpus,
+        cache_blocks_per_gpu=args.cache_blocks_per_gpu,
+        t_ext_s=args.t_ext,
+        slo=SloRule(scale=args.slo_scale, floor_s=args.slo_floor),
+        placement=placement,
+        seed=args.seed,
+        phases=phases,
+    )
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    print(
+        f"trace {trace.name}: {len(trace)} requests over {trace.duration_s:.0f} s "
+        f"(rate scale {args.rate_scale:g}), profile {model.name}, {args.gpus} GPUs",
+        file=sys.stderr,
+    )
+    runs = []
+    for spec in specs:
+        bar = None
+        if show:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(trace), desc=spec.label, unit="req", file=sys.stderr, leave=False)
+        runs.append(run_policy(spec, trace, settings, bar.update if bar is not None else None))
+        if bar is not None:
+            bar.close()
+    print(report.table(runs))
+    meta = {
+        "trace": {"name": trace.name, "requests": len(trace), "duration_s": trace.duration_s, "rate_scale": args.rate_scale},
+        "settings": {
+            "profile": model.name,
+            "gpus": args.gpus,
+            "cache_blocks_per_gpu": args.cache_blocks_per_gpu,
+            "t_ext_s": args.t_ext,
+            "beta": placement.beta,
+            "lambda": placement.lam,
+            "slo": {"scale": args.slo_scale, "floor_s": args.slo_floor},
+            "seed": args.seed,
+        },
+    }
+    if args.json_out:
+        report.write_json(runs, meta, args.json_out)
+        print(f"wrote {args.json_out}", file=sys.stderr)
+    if args.plot:
+        report.plot(runs, args.plot, f"{trace.name}, rate scale {args.rate_scale:g}, {args.gpus} GPUs")
+        print(f"wrote {args.plot}", file=sys.stderr)
     return 0
+
+
+# -- fit ----------------------------------------------------------------------
+
+
+def _add_fit(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "fit",
+        help="fit the prefill-time model to a measurement profile (CSV)",
+        description="Fit E_C(R,P) = d_C + a*R + b*P + (c*R + alpha*W(R,P))/C by non-negative least squares.",
+    )
+    p.add_argument("profile", help="CSV with header degree,uncached_tokens,cached_tokens,seconds")
+    p.add_argument("--name", default=None, help="name of the fitted profile (default: the file's stem)")
+    p.add_argument("--out", default=None, help="write the fitted profile (JSON) here")
+    p.add_argument("--json", dest="json_out", default=None, help="write coefficients and errors as JSON here")
+    p.set_defaults(func=cmd_fit)
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from vertumnus.core.fit import fit_profile
+    from vertumnus.profiles import read_profile_csv, save_model
+
+    rows = read_profile_csv(args.profile)
+    result = fit_profile(rows, name=args.name or Path(args.profile).stem)
+    m = result.model
+    print(f"profile {m.name}: {len(rows)} measurements, degrees {', '.join(map(str, m.degrees))}")
+    print(f"  alpha = {m.alpha:.4g} s/pair   c = {m.c:.4g} s/token   b = {m.b:.4g} s/cached token   a = {m.a[m.degrees[0]]:.4g} s/token")
+    print("  degree   d_C (ms)   rows   MAPE")
+    for deg in m.degrees:
+        print(f"  {deg:>6}   {m.d[deg] * 1e3:8.3f}   {result.rows_by_degree[deg]:4d}   {result.mape_by_degree[deg] * 100:5.2f} %")
+    print(f"  overall MAPE {result.mape * 100:.2f} %")
+    if args.out:
+        save_model(m, args.out)
+        print(f"wrote {args.out}", file=sys.stderr)
+    if args.json_out:
+        Path(args.json_out).write_text(
+            json.dumps(
+                {
+                    "model": m.to_dict(),
+                    "mape_by_degree": {str(k): v for k, v in result.mape_by_degree.items()},
+                    "mape": result.mape,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    return 0
+
+
+# -- trace-stats, profiles ----------------------------------------------------
+
+
+def _add_trace_stats(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("trace-stats", help="statistics of a trace")
+    p.add_argument("trace", nargs="?", default="synthetic", help="synthetic[:...] | PATH.jsonl | PATH.csv")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_trace_stats)
+
+
+def cmd_trace_stats(args: argparse.Namespace) -> int:
+    from vertumnus.sim.synthetic import trace_stats
+    from vertumnus.sim.traces import load_trace
+
+    stats = trace_stats(load_trace(args.trace, seed=args.seed))
+    print(json.dumps(stats, indent=2))
+    return 0
+
+
+def _add_profiles(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profiles", help="list bundled prefill-time profiles")
+    p.set_defaults(func=cmd_profiles)
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    from vertumnus.profiles import bundled_profiles, load_model
+
+    for name in bundled_profiles():
+        m = load_model(name)
+        speed = ", ".join(f"S{c}={m.speedup(c, 65536):.2f}" for c in m.degrees if c > 1)
+        print(f"{name}: degrees {', '.join(map(str, m.degrees))}; speedup at 64K tokens: {speed}")
+    return 0
+
+
+# -- main ---------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vertumnus",
+        description="Prefill scheduler for long-context LLM serving over mixed-degree context-parallel workers.",
+    )
+    from vertumnus import __version__
+
+    parser.add_argument("--version", action="version", version=f"vertumnus {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_simulate(sub)
+    _add_fit(sub)
+    _add_trace_stats(sub)
+    _add_profiles(sub)
+    try:
+        from vertumnus.worker import cli as worker_cli
+    except ImportError:  # the worker shell is optional; its commands need torch
+        worker_cli = None  # type: ignore[assignment]
+    if worker_cli is not None and hasattr(worker_cli, "register"):
+        worker_cli.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    from vertumnus.profiles import ProfileError
+    from vertumnus.sim.traces import TraceError
+
+    try:
+        return int(args.func(args))
+    except (UsageError, TraceError, ProfileError, ValueError, FileNotFoundError) as e:
+        print(f"vertumnus: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("vertumnus: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,146 @@
+"""Run named policies over a trace and summarise them: what ``vertumnus simulate`` does.
+
+A **policy spec** names a policy kind and, for fixed pools, a composition:
+``vertumnus:4xCP4+3xCP8``, ``round-robin:10xCP4``, ``vertumnus-adaptive``.
+The kinds live in :mod:`vertumnus.sim.registry`; each builds a
+:class:`~vertumnus.sim.engine.Simulation` for the trace and settings.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vertumnus.core.costmodel import PrefillModel
+from vertumnus.core.metrics import Completion, SloRule, load_imbalance, summarize
+from vertumnus.core.placement import PlacementParams
+from vertumnus.core.types import Composition
+from vertumnus.sim.engine import PoolConfig, SimResult
+from vertumnus.sim.traces import Trace
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything a simulated run needs besides the policy and the trace."""
+
+    model: PrefillModel
+    gpus: int = 40
+    """GPU budget of the pool; no composition may use more."""
+    cache_blocks_per_gpu: int = 1000
+    t_ext_s: float = 0.05
+    slo: SloRule = field(default_factory=SloRule)
+    placement: PlacementParams = field(default_factory=PlacementParams)
+    seed: int = 0
+    phases: tuple[tuple[float, float, str], ...] = ()
+    """(start_s, end_s, label) of workload phases, for per-phase metrics."""
+
+    def pool(self, composition: Composition, block_size: int) -> PoolConfig:
+        return PoolConfig(
+            composition=composition,
+            model=self.model,
+            block_size=block_size,
+            cache_blocks_per_gpu=self.cache_blocks_per_gpu,
+            t_ext_s=self.t_ext_s,
+            slo=self.slo,
+        )
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    kind: str
+    composition: Composition | None = None
+
+    @property
+    def label(self) -> str:
+        return self.kind if self.composition is None else f"{self.kind}:{self.composition}"
+
+
+def parse_policy_specs(text: str, gpus: int) -> list[PolicySpec]:
+    """Parse ``KIND[:COMPOSITION],...``; ValueError names the bad entry."""
+    from vertumnus.sim.registry import KINDS
+
+    specs: list[PolicySpec] = []
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            raise ValueError(f"empty policy in --compare {text!r}")
+        kind, _, comp_text = entry.partition(":")
+        kind = kind.strip()
+        if kind not in KINDS:
+            raise ValueError(f"unknown policy {kind!r} in {entry!r}; known: {', '.join(sorted(KINDS))}")
+        comp: Composition | None = None
+        if comp_text.strip():
+            try:
+                comp = Composition.parse(comp_text)
+            except ValueError as e:
+                raise ValueError(f"policy {entry!r}: {e}") from None
+            if comp.gpus > gpus:
+                raise ValueError(f"policy {entry!r}: composition {comp} uses {comp.gpus} GPUs, more than --gpus {gpus}")
+        elif KINDS[kind].needs_composition:
+            raise ValueError(f"policy {kind!r} needs a composition, e.g. {kind}:4xCP4+3xCP8")
+        spec = PolicySpec(kind, comp)
+        if spec.label in {s.label for s in specs}:
+            raise ValueError(f"policy {spec.label!r} given twice")
+        specs.append(spec)
+    return specs
+
+
+@dataclass
+class PolicyRun:
+    spec: PolicySpec
+    result: SimResult
+    wall_s: float
+    phases: tuple[tuple[float, float, str], ...] = ()
+
+    def report(self) -> dict[str, Any]:
+        s: dict[str, Any] = dict(summarize(self.result.completions).as_dict())
+        busy = self.result.busy_fraction
+        s.update(
+            rejected=len(self.result.rejected),
+            load_imbalance=load_imbalance(busy.values()),
+            mean_busy_fraction=float(np.mean(list(busy.values()))) if busy else 0.0,
+            reconfigurations=self.result.reconfigurations,
+            composition_timeline=[{"t_s": t, "composition": c} for t, c in self.result.composition_timeline],
+            wall_s=self.wall_s,
+        )
+        if self.phases:
+            s["phases"] = phase_summaries(self.result.completions, self.phases)
+        return s
+
+
+def phase_summaries(
+    completions: Sequence[Completion], phases: Sequence[tuple[float, float, str]]
+) -> list[dict[str, Any]]:
+    out = []
+    for start, end, label in phases:
+        inside = [c for c in completions if start <= c.arrival_s < end]
+        sm = summarize(inside)
+        out.append(
+            {
+                "label": label,
+                "start_s": start,
+                "end_s": end,
+                "requests": sm.requests,
+                "mean_ttft_s": sm.mean_ttft_s,
+                "p90_ttft_s": sm.p90_ttft_s,
+                "slo_attainment": sm.slo_attainment,
+            }
+        )
+    return out
+
+
+def run_policy(
+    spec: PolicySpec,
+    trace: Trace,
+    settings: RunSettings,
+    progress: Callable[[int], None] | None = None,
+) -> PolicyRun:
+    from vertumnus.sim.registry import KINDS
+
+    sim = KINDS[spec.kind].build(spec, trace, settings)
+    t0 = time.perf_counter()
+    result = sim.run(trace.requests, progress)
+    return PolicyRun(spec, result, time.perf_counter() - t0, settings.phases)

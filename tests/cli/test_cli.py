@@ -1,0 +1,92 @@
+"""The vertumnus command: happy paths and clear errors (exit code 2)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import MOONCAKE
+from vertumnus.cli import main
+
+
+def run(*argv):
+    return subprocess.run([sys.executable, "-m", "vertumnus", *argv], capture_output=True, text=True, timeout=300)
+
+
+def test_simulate_writes_json_and_plot(tmp_path):
+    out, png = tmp_path / "o.json", tmp_path / "o.png"
+    rc = main([
+        "simulate", "--trace", "synthetic:duration_s=60", "--compare",
+        "vertumnus:4xCP4+3xCP8,round-robin:4xCP4+3xCP8", "--json", str(out), "--plot", str(png),
+    ])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert set(data["policies"]) == {"vertumnus:4xCP4+3xCP8", "round-robin:4xCP4+3xCP8"}
+    for v in data["policies"].values():
+        assert {"requests", "mean_ttft_s", "p90_ttft_s", "p99_ttft_s", "slo_attainment", "token_hit_rate"} <= set(v)
+        assert v["requests"] == data["trace"]["requests"]
+    assert png.stat().st_size > 1000
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--compare", "vertumnus:4xCP4+3xCQ8"], "bad composition term '3xCQ8'"),
+        (["--compare", "vertumnus:8xCP8"], "uses 64 GPUs, more than --gpus 40"),
+        (["--compare", "nonsense:CP4"], "unknown policy 'nonsense'"),
+        (["--compare", "vertumnus"], "needs a composition"),
+        (["--trace", "/nonexistent/t.jsonl"], "t.jsonl"),
+        (["--trace", "foo.txt"], "unrecognized trace"),
+        (["--profile", "no-such-profile"], "unknown profile"),
+    ],
+)
+def test_simulate_errors_are_one_clear_line(args, message):
+    p = run("simulate", "--trace", "synthetic:duration_s=5", *args) if "--trace" not in args else run("simulate", *args)
+    assert p.returncode == 2, p.stderr
+    assert message in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_bad_trace_line_names_file_and_line(tmp_path):
+    t = tmp_path / "bad.jsonl"
+    t.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n{"timestamp": 1, "input_length": 10\n')
+    p = run("simulate", "--trace", str(t))
+    assert p.returncode == 2
+    assert "bad.jsonl:2" in p.stderr
+
+
+def test_bad_flag_value_exits_2():
+    p = run("simulate", "--rate-scale", "-1")
+    assert p.returncode == 2 and "must be > 0" in p.stderr
+
+
+def test_fit_prints_coefficients_and_errors(tmp_path, model):
+    import numpy as np
+
+    from vertumnus.core.fit import synthesize_profile
+    from vertumnus.profiles import load_model, write_profile_csv
+
+    rows = synthesize_profile(model, [1024, 8192, 65536], [0, 8192], 0.05, np.random.default_rng(0))
+    csv_path = tmp_path / "p.csv"
+    write_profile_csv(rows, csv_path)
+    out = tmp_path / "fitted.json"
+    p = run("fit", str(csv_path), "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "MAPE" in p.stdout and "alpha" in p.stdout
+    assert load_model(str(out)).degrees == model.degrees
+
+
+def test_fit_bad_csv_names_line(tmp_path):
+    f = tmp_path / "p.csv"
+    f.write_text("degree,uncached_tokens,cached_tokens,seconds\n1,100,0,0.1\n1,abc,0,0.2\n")
+    p = run("fit", str(f))
+    assert p.returncode == 2 and "p.csv:3" in p.stderr
+
+
+@pytest.mark.skipif(not MOONCAKE.exists(), reason="needs ../shared/traces")
+def test_mooncake_runs_through_the_cli(tmp_path):
+    out = tmp_path / "m.json"
+    p = run("simulate", "--trace", str(MOONCAKE), "--compare", "least-work:4xCP4+3xCP8", "--rate-scale", "4", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(out.read_text())["policies"]["least-work:4xCP4+3xCP8"]["requests"] == 12031
