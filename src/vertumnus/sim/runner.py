@@ -102,6 +102,7 @@ class PolicyRun:
             rejected=len(self.result.rejected),
             load_imbalance=load_imbalance(busy.values()),
             mean_busy_fraction=float(np.mean(list(busy.values()))) if busy else 0.0,
+            busy_fraction_by_worker={str(w): b for w, b in sorted(busy.items())},
             reconfigurations=self.result.reconfigurations,
             composition_timeline=[{"t_s": t, "composition": c} for t, c in self.result.composition_timeline],
             wall_s=self.wall_s,
