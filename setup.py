@@ -1,0 +1,69 @@
+"""Build hook: compile proto/ with grpcio-tools into vertumnus.worker._proto.
+
+The generated modules are build outputs, never committed: ``build_py`` writes
+them into ``worker/_proto/`` (gitignored) before setuptools collects the
+package, so editable installs and wheels both carry them. protoc emits
+``from vertumnus.worker.v1 import worker_pb2`` (the proto's path); the import
+is rewritten to the package the modules actually live in.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.command.egg_info import egg_info
+
+ROOT = Path(__file__).parent
+PROTO_ROOT = ROOT / "proto"
+OUT = ROOT / "worker" / "_proto"
+
+
+def compile_protos() -> None:
+    import tempfile
+
+    from grpc_tools import protoc
+
+    protos = sorted(PROTO_ROOT.rglob("*.proto"))
+    if not protos:
+        raise RuntimeError(f"no .proto files under {PROTO_ROOT}")
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "__init__.py").write_text('"""Generated from proto/ at build time; do not edit."""\n')
+    include = str(Path(protoc.__file__).parent / "_proto")
+    with tempfile.TemporaryDirectory() as tmp:
+        for proto in protos:
+            rel = proto.relative_to(PROTO_ROOT)
+            args = [
+                "protoc",
+                f"-I{PROTO_ROOT}",
+                f"-I{include}",
+                f"--python_out={tmp}",
+                f"--grpc_python_out={tmp}",
+                f"--pyi_out={tmp}",
+                str(rel),
+            ]
+            if protoc.main(args) != 0:
+                raise RuntimeError(f"protoc failed on {rel}")
+        for generated in Path(tmp).rglob("*_pb2*.py*"):
+            text = generated.read_text()
+            text = re.sub(r"^from vertumnus\.worker\.v1 import", "from vertumnus.worker._proto import", text, flags=re.M)
+            (OUT / generated.name).write_text(text)
+
+
+class BuildPyWithProtos(build_py):
+    def run(self) -> None:
+        compile_protos()
+        super().run()
+
+
+class EggInfoWithProtos(egg_info):
+    """egg_info lists package files before build_py runs, so the package must exist first."""
+
+    def run(self) -> None:
+        compile_protos()
+        super().run()
+
+
+setup(cmdclass={"build_py": BuildPyWithProtos, "egg_info": EggInfoWithProtos})
