@@ -33,44 +33,26 @@ class UsageError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
 
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return v
+def _number(kind: type, minimum: float, strict: bool):
+    """An argparse type: a ``kind`` number above (``strict``) or at least ``minimum``."""
+    bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
+        if v < minimum or (strict and v == minimum):
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return v
+
+    return parse
 
 
-def _nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return v
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return v
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return v
+_positive_float = _number(float, 0, strict=True)
+_nonneg_float = _number(float, 0, strict=False)
+_positive_int = _number(int, 1, strict=False)
+_nonneg_int = _number(int, 0, strict=False)
 
 
 # -- simulate -----------------------------------------------------------------
