@@ -15,7 +15,7 @@ BS = 100
 def test_cache_hit_on_busy_worker_beats_idle_miss():
     busy_hit = WorkerState(0, 1, outstanding_s=0.5)
     idle_miss = WorkerState(1, 1)
-    p = place(1000, {0: 9}, [busy_hit, idle_miss], LINEAR, PlacementParams(), BS)
+    p = place(1000, {0: 9}, [busy_hit, idle_miss], LINEAR, PlacementParams(beta=1.0), BS)
     # worker 0: 0.5 + 0.1 (100 uncached tokens) = 0.6 < worker 1: 0 + 1.0
     assert p.worker == 0
     assert p.cached_tokens == 900
@@ -26,7 +26,7 @@ def test_cache_hit_on_busy_worker_beats_idle_miss():
 def test_idle_miss_beats_hit_behind_a_long_queue():
     busy_hit = WorkerState(0, 1, outstanding_s=1.0)
     idle_miss = WorkerState(1, 1)
-    p = place(1000, {0: 9}, [busy_hit, idle_miss], LINEAR, PlacementParams(), BS)
+    p = place(1000, {0: 9}, [busy_hit, idle_miss], LINEAR, PlacementParams(beta=1.0), BS)
     assert p.worker == 1  # 1.1 > 1.0
     assert p.cost == pytest.approx(1.0)
 
@@ -37,30 +37,30 @@ def test_idle_miss_beats_hit_behind_a_long_queue():
 )
 def test_lambda_moves_requests_between_degrees(lam, expected):
     workers = [WorkerState(0, 1), WorkerState(1, 4)]
-    p = place(1000, {}, workers, LINEAR, PlacementParams(lam=lam), BS)
+    p = place(1000, {}, workers, LINEAR, PlacementParams(beta=1.0, lam=lam), BS)
     assert p.worker == expected  # lam = 1 is a tie: the lower id wins
 
 
 def test_c_min_is_the_smallest_candidate_degree():
     # with the CP1 worker unavailable, C_min = 4 and lambda charges nothing
     workers = [WorkerState(0, 1, available=False), WorkerState(1, 4), WorkerState(2, 4, outstanding_s=0.1)]
-    p = place(1000, {}, workers, LINEAR, PlacementParams(lam=2.0), BS)
+    p = place(1000, {}, workers, LINEAR, PlacementParams(beta=1.0, lam=2.0), BS)
     assert p.worker == 1
     assert p.cost == pytest.approx(0.25)
 
 
 def test_preferred_degree_ignores_queues():
     workers = [WorkerState(0, 1), WorkerState(1, 4, outstanding_s=10.0)]
-    p = place(1000, {}, workers, LINEAR, PlacementParams(lam=0.0), BS)
+    p = place(1000, {}, workers, LINEAR, PlacementParams(beta=1.0, lam=0.0), BS)
     assert p.worker == 0
     assert p.preferred_degree == 4
 
 
 def test_reservation_spreads_simultaneous_arrivals():
     workers = [WorkerState(0, 2), WorkerState(1, 2)]
-    first = place(1000, {}, workers, LINEAR, PlacementParams(), BS)
+    first = place(1000, {}, workers, LINEAR, PlacementParams(beta=1.0), BS)
     reserve(workers[first.worker], first.estimate_s)
-    second = place(1000, {}, workers, LINEAR, PlacementParams(), BS)
+    second = place(1000, {}, workers, LINEAR, PlacementParams(beta=1.0), BS)
     assert (first.worker, second.worker) == (0, 1)
     assert workers[0].outstanding_s == pytest.approx(0.5)
     assert workers[0].queued == 1
@@ -74,11 +74,11 @@ def test_candidates_exclude_unavailable_and_too_long_but_not_misses():
     # degree 2 is not in the profile; 3000 tokens do not fit one GPU
     assert [w.id for w in candidates(workers, 3000, model)] == [1]
     assert [w.id for w in candidates(workers, 500, model)] == [0, 1]
-    assert place(5000, {}, workers, model, PlacementParams(), BS) is None
+    assert place(5000, {}, workers, model, PlacementParams(beta=1.0), BS) is None
 
 
 def test_fully_cached_prompt_still_computes_one_token():
-    p = place(1000, {0: 10}, [WorkerState(0, 1)], LINEAR, PlacementParams(), BS)
+    p = place(1000, {0: 10}, [WorkerState(0, 1)], LINEAR, PlacementParams(beta=1.0), BS)
     assert p.cached_tokens == 999
     assert p.estimate_s == pytest.approx(1e-3)
 
@@ -98,7 +98,7 @@ def test_params_validated():
 def test_place_matches_naive_argmin(ws, length, lam):
     workers = [WorkerState(i, deg, outstanding_s=q) for i, (deg, q, _) in enumerate(ws)]
     matched = {i: m for i, (_, _, m) in enumerate(ws)}
-    params = PlacementParams(lam=lam)
+    params = PlacementParams(beta=1.0, lam=lam)
     p = place(length, matched, workers, LINEAR, params, 10)
     c_min = min(w.degree for w in workers)
 

@@ -33,6 +33,9 @@ class Decision:
     worker: int
     preferred_degree: int = 0
     """C_pref(i) when the policy computes one (0 = none); feeds the cache manager."""
+    estimate_s: float | None = None
+    """Ê the policy predicted at the chosen worker, to reserve there; None lets
+    the shell predict it from the exact cached prefix."""
 
 
 class Policy:

@@ -1,0 +1,114 @@
+"""Planner cost: one window decision of the composition controller (target < 50 ms).
+
+Times :func:`vertumnus.core.planner.step` — the whole per-window decision,
+eligible-operation enumeration, merge admission and ranking included — on
+pools from 40 to 1,024 GPUs with every degree of the profile allowed (the
+most workers, so the most candidate operations), in the worst case for the
+controller: every window asks for an operation and the persistence
+threshold is 1, so each call ranks candidates and returns a decision. Also
+times the one-off steps: lattice enumeration and the initial composition
+from a 12,031-request history (the Mooncake conversation trace's size).
+
+Writes ``docs/benchmarks/adaptive_planner_speed.json``. Run::
+
+    python bench/planner_speed.py      # ~20 s
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from vertumnus.core import planner
+from vertumnus.core.types import Composition
+from vertumnus.profiles import load_model
+
+OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "adaptive_planner_speed.json"
+CAP = planner.CapacityProfile({1: 0.29, 2: 0.38, 4: 0.46, 8: 0.63})
+
+
+def time_calls(fn, repeat: int) -> dict[str, float]:
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    samples.sort()
+    return {
+        "median_ms": statistics.median(samples),
+        "p99_ms": samples[min(len(samples) - 1, int(0.99 * len(samples)))],
+        "max_ms": samples[-1],
+    }
+
+
+def main() -> int:
+    settings = planner.PlannerSettings(degrees=(1, 2, 4, 8), persist_windows=1)
+    results: dict[str, object] = {"date": "2026-11-30", "command": "python bench/planner_speed.py"}
+    decisions = {}
+    for gpus, comp in (
+        (40, "20xCP1+6xCP2+2xCP4"),
+        (256, "128xCP1+32xCP2+16xCP4"),
+        (1024, "512xCP1+128xCP2+64xCP4"),
+    ):
+        layout = planner.layout_for(Composition.parse(comp))
+        workers = tuple(
+            planner.WorkerObservation(
+                s.worker, running_remaining_s=(s.worker % 7) * 0.1, reuse_weight=s.worker % 5
+            )
+            for s in layout.slots
+        )
+        k = CAP.capacity_per_s(s.degree for s in layout.slots) * settings.window_s
+        cases = {
+            "split (capacity)": planner.WindowObservation(1.5 * k, 1000, 10, 0.1 * k, workers),
+            "merge (capacity, admission)": planner.WindowObservation(
+                0.2 * k, 1000, 10, 0.1 * k, workers
+            ),
+            "merge (long share)": planner.WindowObservation(
+                0.6 * k, 1000, 300, 0.9 * 0.6 * k, workers
+            ),
+            "nothing": planner.WindowObservation(0.6 * k, 1000, 10, 0.0 * k + 0.05 * k, workers),
+        }
+        state = planner.initial_state(layout)
+        per_case = {}
+        for name, obs in cases.items():
+            per_case[name] = time_calls(
+                lambda o=obs, st=state: planner.step(st, o, CAP, settings), 200
+            )
+            _, d = planner.step(state, obs, CAP, settings)
+            per_case[name]["decision"] = type(d).__name__ if d is not None else "None"
+        decisions[f"{gpus} GPUs, {len(layout.slots)} workers ({comp})"] = per_case
+        print(gpus, {k: round(v["median_ms"], 3) for k, v in per_case.items()}, file=sys.stderr)
+    results["step"] = decisions
+    results["enumerate_lattice_40_gpus_degrees_1_2_4_8"] = time_calls(
+        lambda: planner.enumerate_lattice(40, (1, 2, 4, 8)), 5
+    )
+    results["lattice_size_40_gpus_degrees_1_2_4_8"] = len(
+        planner.enumerate_lattice(40, (1, 2, 4, 8))
+    )
+    model = load_model()
+    history = [planner.HistoryRequest(i * 0.3, 1000 + (i * 7919) % 90000, 0) for i in range(12031)]
+    lattice = planner.enumerate_lattice(40, (4, 8))
+    results["initial_composition_12031_requests_6_compositions"] = time_calls(
+        lambda: planner.initial_composition(
+            history, lattice, CAP, model, replace(settings, degrees=(4, 8))
+        ),
+        3,
+    )
+    worst = max(v["max_ms"] for per in decisions.values() for v in per.values())
+    results["worst_step_ms"] = worst
+    results["target_ms"] = 50.0
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(results, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in results.items() if k != "step"}, indent=1))
+    print(
+        f"worst single window decision: {worst:.3f} ms (target 50 ms); wrote {OUT}", file=sys.stderr
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

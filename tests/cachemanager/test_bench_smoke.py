@@ -1,0 +1,31 @@
+"""The ablation command end to end on a slice of the Mooncake trace."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import MOONCAKE
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(not MOONCAKE.exists(), reason="shared Mooncake trace not present")
+def test_cache_ablation_writes_json_and_plot(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "cache_ablation", ROOT / "bench" / "cache_ablation.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "ablation.json"
+    args = ["--trace", str(MOONCAKE), "--rates", "4", "--seeds", "2", "--limit", "300"]
+    assert mod.main([*args, "--jobs", "1", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    (row,) = doc["rows"]
+    assert row["vertumnus"]["rate_rps"] > 0 and len(doc["runs"]) == 4
+    assert {r["requests"] for r in doc["runs"]} == {300}
+    assert out.with_suffix(".png").exists()

@@ -1,0 +1,145 @@
+"""Property tests of the cache manager against naive references."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vertumnus.core.cachemanager import CacheManager, CacheManagerSettings, marginal_benefits
+from vertumnus.core.trie import PrefixTrie
+from vertumnus.core.types import cached_tokens
+
+from .helpers import MODEL, View, workers
+
+DEGREES = (4, 8)
+
+
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(
+                st.just("access"), st.integers(0, 2), st.sampled_from(DEGREES), st.floats(0, 10)
+            ),
+            st.tuples(
+                st.just("missed"), st.integers(0, 2), st.sampled_from(DEGREES), st.floats(0, 1)
+            ),
+            st.tuples(st.just("scan"), st.just(0), st.just(0), st.just(0.0)),
+        ),
+        max_size=40,
+    ),
+    decay=st.floats(0.05, 0.95),
+)
+@settings(max_examples=80, deadline=None)
+def test_lazy_decay_matches_eager_reference(ops: list, decay: float) -> None:
+    trie = PrefixTrie()
+    nodes = [trie.stored(0, k, None) for k in (1, 2, 3)]
+    view = View(workers(4, 8), trie)
+    mgr = CacheManager(CacheManagerSettings(decay=decay))
+    ref: dict[tuple[str, int, int], float] = {}
+    for kind, i, c, amount in ops:
+        if kind == "scan":
+            mgr.scan(view)
+            ref = {k: v * decay for k, v in ref.items()}
+        elif kind == "access":
+            mgr.record(nodes[i], c, access=amount)
+            ref[(kind, i, c)] = ref.get((kind, i, c), 0.0) + amount
+        else:
+            mgr.record(nodes[i], c, missed=amount)
+            ref[(kind, i, c)] = ref.get((kind, i, c), 0.0) + amount
+    for i, node in enumerate(nodes):
+        access, missed = mgr.counters(node)
+        for c in DEGREES:
+            assert access.get(c, 0.0) == pytest.approx(ref.get(("access", i, c), 0.0), abs=1e-9)
+            assert missed.get(c, 0.0) == pytest.approx(ref.get(("missed", i, c), 0.0), abs=1e-9)
+
+
+@given(length=st.integers(1, 200), blocks=st.integers(0, 60), degree=st.sampled_from(DEGREES))
+def test_marginal_benefits_telescope(length: int, blocks: int, degree: int) -> None:
+    gains = marginal_benefits(MODEL, degree, length, 4, 0, blocks)
+    p = cached_tokens(blocks, length, 4)
+    total = MODEL.predict(degree, length, 0) - MODEL.predict(degree, length - p, p)
+    assert sum(gains) == pytest.approx(total, abs=1e-12)
+    assert all(g >= -1e-15 for g in gains)
+
+
+@st.composite
+def pools(draw: st.DrawFn) -> tuple[View, dict[int, tuple[float, float, int]]]:
+    """A random trie of up to 12 nodes over workers CP4, CP4, CP8, CP8 with
+    consistent holders (a holder of a node holds its ancestors) and counters."""
+    n = draw(st.integers(1, 12))
+    parents = [None] + [draw(st.integers(0, i - 1)) for i in range(1, n)]
+    view = View(workers(4, 4, 8, 8, capacity=draw(st.integers(1, 12))))
+    # Each worker holds a random set of leaves' paths.
+    keys = [100 + i for i in range(n)]
+    path_of = []
+    for i in range(n):
+        path, j = [], i
+        while j is not None:
+            path.append(keys[j])
+            j = parents[j]
+        path_of.append(path[::-1])
+    for w in range(4):
+        for i in draw(st.lists(st.integers(0, n - 1), max_size=3)):
+            parent = None
+            for k in path_of[i]:
+                view.trie.stored(w, k, parent)
+                parent = k
+    if not view.trie.nodes:
+        view.trie.stored(0, keys[0], None)
+    counters = {}
+    for key in view.trie.nodes:
+        if draw(st.booleans()):
+            counters[key] = (
+                draw(st.floats(0, 12)),
+                draw(st.floats(0, 3)),
+                draw(st.sampled_from(DEGREES)),
+            )
+    return view, counters
+
+
+@given(pool=pools())
+@settings(max_examples=80, deadline=None)
+def test_candidates_match_naive_reference(pool: tuple) -> None:
+    view, counters = pool
+    s = CacheManagerSettings(
+        theta_inter=1.0, theta_intra=4.0, theta_reclaim=1.0, max_copy_fraction=0.5
+    )
+    mgr = CacheManager(s)
+    for key, (access, missed, c) in counters.items():
+        mgr.record(view.trie.nodes[key], c, access=access, missed=missed)
+    plan = mgr.candidates(view)
+    got = {
+        (x.kind, x.key, x.degree): (x.score, x.footprint)
+        for x in plan.inter + plan.intra + plan.reclaim
+    }
+    want = {}
+    for key in counters:
+        node = view.trie.nodes[key]
+        access, missed = mgr.counters(node)
+        for c in DEGREES:
+            peers = [w for w in view.workers if w.degree == c]
+            r = sum(1 for w in peers if w.id in node.holders)
+            # naive footprint: walk the path for every destination
+            fps = []
+            for w in peers:
+                if w.id in node.holders:
+                    continue
+                retained, m = 0, node
+                while m is not None:
+                    if w.id in m.holders:
+                        retained = m.depth
+                        break
+                    m = m.parent
+                if node.depth - retained <= s.max_copy_fraction * w.cache_capacity_blocks:
+                    fps.append(node.depth - retained)
+            a, m_ = access.get(c, 0.0), missed.get(c, 0.0)
+            if r == 0 and m_ > s.theta_inter and fps:
+                want[("inter", key, c)] = (m_ / min(fps), min(fps))
+            if r > 0 and a > r * s.theta_intra and fps:
+                want[("intra", key, c)] = (a / r, min(fps))
+            if r >= s.reclaim_min_replicas and a < r * s.theta_reclaim:
+                want[("reclaim", key, c)] = (a / r, 0)
+    assert got.keys() == want.keys()
+    for k, (score, fp) in want.items():
+        assert got[k][0] == pytest.approx(score) and got[k][1] == fp

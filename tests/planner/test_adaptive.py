@@ -1,0 +1,133 @@
+"""The vertumnus-adaptive pool end to end, and the capacity profile it reads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vertumnus.core import planner
+from vertumnus.core.costmodel import PrefillModel
+from vertumnus.core.types import Composition, Request
+from vertumnus.sim.capacity import capacity_from_dict, load_capacity, profile_degree
+from vertumnus.sim.reconfig import AdaptiveOptions, build_adaptive, history_requests
+from vertumnus.sim.traces import Trace
+
+
+def two_phase_trace(seed: int = 0) -> Trace:
+    """60 s of many short requests, then 60 s of few, mostly long ones (no prefix reuse)."""
+    rng = np.random.default_rng(seed)
+    reqs = []
+    t = 0.0
+    while t < 60.0:
+        t += rng.exponential(1 / 40)
+        reqs.append((t, int(rng.integers(500, 4000))))
+    while t < 120.0:
+        t += rng.exponential(1 / 3)
+        long = rng.random() < 0.6
+        reqs.append((t, int(rng.integers(40000, 90000)) if long else int(rng.integers(500, 4000))))
+    out = [
+        Request(i, at, n, tuple(range(i * 1000, i * 1000 + (n + 511) // 512)))
+        for i, (at, n) in enumerate(reqs)
+    ]
+    return Trace("two-phase", tuple(out), 512)
+
+
+def test_bundled_capacity_profile_covers_the_profile_degrees(model: PrefillModel) -> None:
+    cap = load_capacity(model.name)
+    assert set(cap.kappa_per_s) == set(model.degrees)
+    assert all(k > 0 for k in cap.kappa_per_s.values())
+    assert 0 < cap.target_attainment <= 1
+
+
+def test_capacity_profile_rejects_malformed_data() -> None:
+    with pytest.raises(ValueError, match="malformed"):
+        capacity_from_dict({"kappa_per_s": {"four": 1}})
+
+
+def test_profiling_measures_rising_demand_until_the_slo_breaks(model: PrefillModel) -> None:
+    reqs = two_phase_trace().requests[:400]
+    out = profile_degree(model, 8, reqs, 512, window_s=10.0, loads=(0.2, 0.6, 1.2))
+    demand = [lv["demand_per_s"] for lv in out["levels"]]
+    attainment = [lv["attainment"] for lv in out["levels"]]
+    assert demand == sorted(demand)
+    assert attainment[0] >= attainment[-1]
+    passing = [lv["demand_per_s"] for lv in out["levels"] if lv["attainment"] >= 0.9]
+    assert out["kappa_per_s"] == (max(passing) if passing else 0.0)
+
+
+def test_history_uses_the_first_seconds_and_an_ideal_cache() -> None:
+    keys = (1, 2, 3)
+    trace = Trace(
+        "h",
+        (
+            Request(0, 0.0, 1536, keys),
+            Request(1, 5.0, 2048, keys + (4,)),
+            Request(2, 50.0, 100, (9,)),
+        ),
+        512,
+    )
+    hist = history_requests(trace, 10.0)
+    assert [(h.arrival_s, h.length, h.cached_tokens) for h in hist] == [
+        (0.0, 1536, 0),
+        (5.0, 2048, 1536),
+    ]
+    assert len(history_requests(trace, None)) == 3
+
+
+def test_adaptive_pool_reconfigures_and_loses_nothing(model: PrefillModel) -> None:
+    trace = two_phase_trace()
+    opts = AdaptiveOptions(
+        gpus=16,
+        control=planner.PlannerSettings(window_s=5.0, persist_windows=2),
+        initial=Composition.parse("2xCP8"),
+    )
+    sim = build_adaptive(trace, model, opts)
+    result = sim.run(trace.requests)
+    ids = sorted(c.request_id for c in result.completions)
+    assert ids == list(range(len(trace)))
+    assert result.rejected == []
+    assert result.reconfigurations >= 1
+    assert result.composition_timeline[0] == (0.0, "2xCP8")
+    assert len(result.composition_timeline) == result.reconfigurations + 1
+    for _, comp in result.composition_timeline:
+        assert Composition.parse(comp).gpus == 16
+    # The busy first phase splits (more lanes) before anything merges.
+    executor = sim.attachments["executor"]
+    assert executor.transitions[0].kind == "split"
+    assert executor.transitions[0].started_s < 60.0
+    controller = sim.attachments["controller"]
+    assert controller.state.layout.composition == sim.composition
+    assert max(controller.decision_cost_s) < 0.05
+
+
+def test_adaptive_initial_composition_from_history(model: PrefillModel) -> None:
+    trace = two_phase_trace()
+    opts = AdaptiveOptions(gpus=16, history_s=30.0)
+    sim = build_adaptive(trace, model, opts)
+    # The first 30 s are the busy, short phase: the planner starts with lanes.
+    assert sim.composition in planner.enumerate_lattice(16, (4, 8))
+    assert sim.composition != Composition.parse("2xCP8")
+
+
+def test_adaptive_rejects_degrees_outside_the_profile(model: PrefillModel) -> None:
+    opts = AdaptiveOptions(gpus=32, control=planner.PlannerSettings(degrees=(16,), domain_size=16))
+    with pytest.raises(ValueError, match="not in profile"):
+        build_adaptive(two_phase_trace(), model, opts)
+
+
+def test_adaptive_pool_runs_with_the_cache_manager_hook(model: PrefillModel) -> None:
+    from vertumnus.core.cachemanager import CacheManager
+    from vertumnus.sim.cachesim import CacheManagedPolicy, attach_cache_manager
+
+    trace = two_phase_trace()
+    opts = AdaptiveOptions(
+        gpus=16,
+        control=planner.PlannerSettings(window_s=5.0),
+        initial=Composition.parse("2xCP8"),
+    )
+    policy = CacheManagedPolicy(CacheManager(), opts.placement, name="vertumnus-adaptive")
+    sim = build_adaptive(trace, model, opts, policy=policy)
+    attach_cache_manager(sim)
+    result = sim.run(trace.requests)
+    assert sorted(c.request_id for c in result.completions) == list(range(len(trace)))
+    assert result.reconfigurations >= 1

@@ -1,0 +1,234 @@
+"""Reconfiguration in the simulator: drain, switch, epochs, lazy KV reconciliation.
+
+Tiny pools with 4-token blocks and a routing table instead of the cost
+model, so every request's worker is known and every number can be checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vertumnus.core import planner
+from vertumnus.core.costmodel import PrefillModel
+from vertumnus.core.policies.base import Decision, Policy, PoolView
+from vertumnus.core.types import Composition, Request
+from vertumnus.sim.engine import OWN_RANKS, PoolConfig, Simulation
+from vertumnus.sim.reconfig import Executor, ExecutorSettings
+
+BS = 4  # tokens per block
+
+
+class Routed(Policy):
+    """Sends request ids to fixed workers when available, else to the least loaded one."""
+
+    name = "routed"
+
+    def __init__(self, route: Mapping[int, int] | None = None) -> None:
+        self.route = dict(route or {})
+
+    def decide(self, request: Request, pool: PoolView) -> Decision | None:
+        avail = [w for w in pool.workers if w.available]
+        if not avail:
+            return None
+        want = self.route.get(request.id)
+        for w in avail:
+            if w.id == want:
+                return Decision(w.id)
+        return Decision(min(avail, key=lambda w: (w.outstanding_s, w.id)).id)
+
+
+def req(rid: int, t: float, keys: Sequence[int], extra: int = 0) -> Request:
+    return Request(rid, t, len(keys) * BS + extra, tuple(keys))
+
+
+def pool(comp: str, model: PrefillModel, blocks_per_gpu: int = 8) -> PoolConfig:
+    return PoolConfig(
+        Composition.parse(comp), model, block_size=BS, cache_blocks_per_gpu=blocks_per_gpu
+    )
+
+
+def test_merge_pending_prefix_is_copied_before_it_is_reused(model: PrefillModel) -> None:
+    sim = Simulation(pool("2xCP4", model), Routed({0: 0, 1: 1, 2: 0, 3: 1}))
+    ex = Executor(sim)
+    sim.at(10.0, lambda: ex.execute(planner.Merge((0, 1))))
+    reqs = [
+        req(0, 0.0, [1, 2, 3]),  # only on worker 0
+        req(1, 0.0, [9, 8]),  # only on worker 1
+        req(2, 1.0, [7]),  # on both
+        req(3, 1.0, [7]),
+        req(4, 20.0, [1, 2, 3, 4]),  # reuses the pending prefix 1-2-3
+        req(5, 30.0, [7, 5]),  # reuses block 7, held by both sources: not pending
+    ]
+    result = sim.run(reqs)
+    assert result.reconfigurations == 1
+    assert [c for _, c in result.composition_timeline] == ["2xCP4", "1xCP8"]
+    merged = sim.worker(2)
+    assert merged.degree == 8 and merged.epoch == 1
+    by_id = {c.request_id: c for c in result.completions}
+    # Request 4: three pending blocks copied first, then a prefill with P = 12.
+    transfer = (
+        sim.pool.reconcile_latency_s
+        + 3 * BS * sim.pool.kv_bytes_per_token * 0.5 / sim.pool.reconcile_bandwidth_Bps
+    )
+    assert sim.reconciliations[0].request_id == 4
+    assert sim.reconciliations[0].copied_blocks == 3
+    assert sim.reconciliations[0].transfer_s == pytest.approx(transfer)
+    c4 = by_id[4]
+    assert c4.cached_tokens == 12
+    assert c4.ttft_s - sim.pool.t_ext_s == pytest.approx(transfer + model.predict(8, 4, 12))
+    # Request 5 reuses block 7 with no copy (both sources had it).
+    assert by_id[5].cached_tokens == 4
+    assert [r.request_id for r in sim.reconciliations] == [4]
+    # What is still pending: worker 1's blocks 9, 8 (never reused).
+    assert merged.pending == {9: OWN_RANKS, 8: OWN_RANKS}
+
+
+def test_split_deals_prefixes_to_children_and_drops_them_when_the_source_is_gone(
+    model: PrefillModel,
+) -> None:
+    sim = Simulation(pool("CP8", model), Routed({3: 2, 4: 4}))
+    ex = Executor(sim)
+    sim.at(10.0, lambda: ex.execute(planner.Split(0)))
+    sim.at(20.0, lambda: ex.execute(planner.Split(1)))  # child 1 -> 3, 4 (CP2)
+    reqs = [
+        req(0, 0.0, [1, 2, 3]),
+        req(1, 1.0, [5, 6]),  # most recent prefix: dealt first, to child 1
+        req(2, 15.0, [5, 6, 7]),  # reuses child 1's pending 5-6 (sibling 2 still there)
+        req(3, 30.0, [1, 2, 3, 4]),  # child 2's pending 1-2-3: its source (child 1) is gone
+    ]
+    result = sim.run(reqs)
+    assert result.reconfigurations == 2
+    assert [c for _, c in result.composition_timeline] == ["1xCP8", "2xCP4", "2xCP2+1xCP4"]
+    by_id = {c.request_id: c for c in result.completions}
+    r2, r3 = sim.reconciliations
+    assert (r2.request_id, r2.worker, r2.copied_blocks, r2.dropped_blocks) == (2, 1, 2, 0)
+    assert by_id[2].cached_tokens == 8
+    # No valid copy of 1-2-3 remains for child 2: dropped, served as a miss.
+    assert (r3.request_id, r3.worker, r3.copied_blocks, r3.dropped_blocks) == (3, 2, 0, 3)
+    assert by_id[3].cached_tokens == 0
+    assert by_id[3].ttft_s - sim.pool.t_ext_s == pytest.approx(model.predict(4, 16, 0))
+
+
+def test_drain_replaces_queued_requests_and_waits_for_the_running_one(model: PrefillModel) -> None:
+    sim = Simulation(pool("2xCP4", model), Routed({i: 0 for i in range(4)}))
+    ex = Executor(sim, ExecutorSettings(switch_delay_s=0.5))
+    sim.at(0.001, lambda: ex.execute(planner.Split(0)))
+    reqs = [req(i, 0.0, [100 + i] * 1, extra=4000) for i in range(4)]
+    result = sim.run(reqs)
+    t = ex.transitions[0]
+    running = model.predict(4, 4004, 0)
+    assert t.drained_s == pytest.approx(running)  # request 0 finished where it ran
+    assert t.committed_s == pytest.approx(running + 0.5)
+    by_id = {c.request_id: c for c in result.completions}
+    assert by_id[0].worker == 0
+    assert {by_id[i].worker for i in (1, 2, 3)} == {1}  # re-placed on the other worker
+    assert sorted(by_id) == [0, 1, 2, 3]
+
+
+def test_arrivals_are_held_while_no_worker_is_available(model: PrefillModel) -> None:
+    sim = Simulation(pool("CP8", model), Routed())
+    ex = Executor(sim, ExecutorSettings(switch_delay_s=0.5))
+    sim.at(0.0, lambda: ex.execute(planner.Split(0)))
+    reqs = [req(i, 0.05 + 0.1 * i, [i + 1]) for i in range(5)]
+    result = sim.run(reqs)
+    assert result.rejected == []
+    assert sorted(c.request_id for c in result.completions) == [0, 1, 2, 3, 4]
+    commit = ex.transitions[0].committed_s
+    assert commit == pytest.approx(0.5)
+    assert all(c.degree == 4 for c in result.completions)
+    # Nothing started before the new workers were committed.
+    for c in result.completions:
+        assert c.arrival_s + c.ttft_s - sim.pool.t_ext_s >= commit
+
+
+def test_new_workers_are_not_schedulable_before_commit(model: PrefillModel) -> None:
+    sim = Simulation(pool("2xCP4", model), Routed())
+    ex = Executor(sim, ExecutorSettings(switch_delay_s=2.0))
+    seen: list[tuple[float, list[int]]] = []
+    sim.at(1.0, lambda: ex.execute(planner.Merge((0, 1))))
+    sim.at(2.0, lambda: seen.append((sim.now, [w.id for w in sim.workers if w.available])))
+    sim.run([req(0, 0.0, [1]), req(1, 2.5, [2])])
+    assert seen == [(2.0, [])]
+    assert sim.epoch == 1 and [w.id for w in sim.workers] == [2]
+
+
+# -- property: no request is lost or served twice ---------------------------
+
+
+ops_strategy = st.lists(st.tuples(st.floats(0.0, 20.0), st.integers(0, 1000)), max_size=12)
+reqs_strategy = st.lists(
+    st.tuples(
+        st.floats(0.0, 20.0),
+        st.lists(st.integers(1, 6), min_size=1, max_size=6),
+        st.integers(0, 3000),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=reqs_strategy, ops=ops_strategy, delay=st.sampled_from([0.0, 0.5]))
+def test_no_request_lost_or_served_twice_across_random_reconfigurations(
+    model: PrefillModel, raw, ops, delay
+) -> None:
+    """Random requests (shared prefixes from a tiny alphabet) and random splits/merges.
+
+    Keys are chained by hand: a request's k-th key names its whole prefix.
+    """
+    requests = []
+    for t, symbols, extra in sorted(raw, key=lambda x: x[0]):
+        keys, prev = [], 0
+        for s in symbols:
+            prev = prev * 7 + s
+            keys.append(prev)
+        requests.append(Request(len(requests), t, len(keys) * BS + extra, tuple(keys)))
+    sim = Simulation(pool("2xCP4+CP8", model, blocks_per_gpu=3), Routed())
+    ex = Executor(sim, ExecutorSettings(switch_delay_s=delay))
+    lattice = planner.PlannerSettings(degrees=(1, 2, 4, 8))
+    box = {"state": planner.initial_state(planner.layout_for(sim.pool.composition))}
+
+    def act(choice: int) -> None:
+        if ex.busy:
+            return
+        state = box["state"]
+        cands: list[planner.Split | planner.Merge] = [
+            *planner.eligible_splits(state.layout, lattice),
+            *planner.eligible_merges(state.layout, lattice),
+        ]
+        op = cands[choice % len(cands)]
+        box["state"] = planner.ControllerState(layout=state.layout, epoch=state.epoch, pending=op)
+
+        def committed(added: list[int]) -> None:
+            box["state"] = planner.commit(box["state"], added)
+
+        ex.execute(op, committed)
+
+    for t, choice in ops:
+        sim.at(t, lambda c=choice: act(c))
+    result = sim.run(requests)
+
+    ids = [c.request_id for c in result.completions]
+    assert len(ids) == len(set(ids)), "a request was served twice"
+    assert sorted(ids) == list(range(len(requests))), "a request was lost"
+    assert result.rejected == []
+    assert not ex.busy
+    assert sim.composition.gpus == 16
+    assert box["state"].layout.composition == sim.composition
+    assert result.reconfigurations == len(ex.transitions) == sim.epoch
+    # Every reused block was installed: copies happen before the prefill, and
+    # the cached tokens never exceed what the worker held at start.
+    for c in result.completions:
+        assert 0 <= c.cached_tokens < c.length
+    # Trie metadata matches the workers' caches exactly.
+    for w in sim.sim_workers():
+        for key in w.cache.keys_lru_first():
+            assert w.id in sim.trie.nodes[key].holders
+        assert set(w.pending) <= set(w.cache.keys_lru_first())
+    for node in sim.trie.nodes.values():
+        for holder in node.holders:
+            assert sim.has_worker(holder) and node.key in sim.worker(holder).cache
