@@ -1,0 +1,276 @@
+"""The optimized hot path returns exactly what the naive reference does.
+
+``place()``, ``PrefixTrie.holder_depths`` / ``matched_blocks``,
+``InflightPrefixes.matched_blocks``, ``merge_matches`` and
+``CostModelPolicy.decide`` were rewritten for speed (issue 4). These property
+tests run them against the straightforward versions they replaced, on random
+pools, tries and in-flight sets, and demand identical results — same worker,
+same floats, same preferred degree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vertumnus.core.costmodel import PrefillModel
+from vertumnus.core.inflight import InflightPrefixes, merge_matches
+from vertumnus.core.placement import Placement, PlacementParams, WorkerState, candidates, place
+from vertumnus.core.policies.base import Decision
+from vertumnus.core.policies.vertumnus import CostModelPolicy
+from vertumnus.core.trie import PrefixTrie, TrieNode
+from vertumnus.core.types import Request, cached_tokens
+
+MODEL = PrefillModel(
+    name="t",
+    alpha=1.5e-9,
+    c=1.4e-5,
+    b=1e-7,
+    d={1: 0.015, 2: 0.019, 4: 0.027, 8: 0.043},
+    a={1: 1e-5, 2: 1e-5, 4: 1e-5, 8: 1e-5},
+    max_tokens_per_gpu=1000,
+)
+
+FLAT = PrefillModel(
+    name="flat",
+    alpha=0.0,
+    c=0.0,
+    b=0.0,
+    d={1: 0.01, 2: 0.01, 4: 0.01, 8: 0.01},
+    a={1: 1e-5, 2: 1e-5, 4: 1e-5, 8: 1e-5},
+    max_tokens_per_gpu=1000,
+)
+"""E_C does not depend on C: with λ = 0, own() ties across degrees, so the
+preferred degree is decided by the first-minimum rule alone."""
+
+
+def naive_place(length, matched_blocks, workers, model, params, block_size):
+    """The pre-optimization place(), verbatim."""
+    cands = candidates(workers, length, model)
+    if not cands:
+        return None
+    c_min = min(w.degree for w in cands)
+    beta, lam = params.beta, params.lam
+    best = None
+    best_cost = float("inf")
+    pref_degree = 0
+    pref_cost = float("inf")
+    for w in cands:
+        p = cached_tokens(matched_blocks.get(w.id, 0), length, block_size)
+        est = model.predict(w.degree, length - p, p)
+        own = (beta + lam * (w.degree / c_min - 1.0)) * est
+        cost = w.outstanding_s + own
+        if cost < best_cost:
+            best_cost = cost
+            best = Placement(w.id, est, p, cost, 0)
+        if own < pref_cost:
+            pref_cost = own
+            pref_degree = w.degree
+    assert best is not None
+    return Placement(best.worker, best.estimate_s, best.cached_tokens, best.cost, pref_degree)
+
+
+def naive_holder_depths(path: list[TrieNode]) -> dict[int, int]:
+    depths: dict[int, int] = {}
+    for node in path:
+        if not node.holders:
+            break
+        for w in node.holders:
+            depths[w] = node.depth
+    return depths
+
+
+workers_st = st.lists(
+    st.tuples(
+        st.sampled_from([1, 2, 4, 8, 3]),  # 3: a degree the model does not support
+        st.sampled_from([0.0, 0.5, 1.0, 2.5]),  # few values, so ties happen
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    workers=workers_st,
+    length=st.integers(1, 9000),
+    matched=st.dictionaries(st.integers(0, 13), st.integers(-1, 30), max_size=8),
+    lam=st.sampled_from([0.0, 0.1, 1.0]),
+    block_size=st.sampled_from([1, 16, 512]),
+    model=st.sampled_from([MODEL, FLAT]),
+)
+def test_place_matches_the_naive_reference(workers, length, matched, lam, block_size, model):
+    ws = [WorkerState(i, d, available=a, outstanding_s=q) for i, (d, q, a) in enumerate(workers)]
+    params = PlacementParams(lam=lam)
+    assert place(length, matched, ws, model, params, block_size) == naive_place(
+        length, matched, ws, model, params, block_size
+    )
+
+
+def test_place_prefers_the_first_of_tied_degrees():
+    """Equal own() at every degree: C_pref is the first candidate's degree, in
+    the caller's order, whichever keys the ties come from."""
+    params = PlacementParams(lam=0.0)
+    for degrees in ([8, 2, 4, 1], [2, 8, 8, 1], [4, 1]):
+        ws = [WorkerState(i, d, outstanding_s=1.0) for i, d in enumerate(degrees)]
+        for matched in ({}, {1: 3}, {0: 3, 1: 3}):
+            got = place(2000, matched, ws, FLAT, params, 16)
+            assert got == naive_place(2000, matched, ws, FLAT, params, 16)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    inserts=st.lists(
+        st.tuples(st.integers(0, 5), st.lists(st.integers(0, 3), min_size=1, max_size=6)),
+        max_size=25,
+    ),
+    removals=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 60)), max_size=10),
+    query=st.lists(st.integers(0, 3), min_size=1, max_size=7),
+)
+def test_holder_depths_matches_the_naive_reference(inserts, removals, query):
+    trie = PrefixTrie()
+
+    def chain(xs: list[int]) -> list[int]:
+        out, prev = [], 0
+        for x in xs:
+            prev = prev * 7 + x + 1
+            out.append(prev)
+        return out
+
+    for worker, xs in inserts:
+        keys = chain(xs)
+        for i, k in enumerate(keys):
+            trie.stored(worker, k, keys[i - 1] if i else None)
+    # Removals in any order, even ones that break "a deeper holder holds the
+    # ancestors": the two must agree regardless.
+    for worker, key in removals:
+        trie.removed(worker, key)
+    path = trie.match(chain(query))
+    assert trie.holder_depths(path) == naive_holder_depths(path)
+    # matched_blocks fuses match + holder_depths; raw (unchained) keys too.
+    assert trie.matched_blocks(chain(query)) == naive_holder_depths(path)
+    assert trie.matched_blocks(query) == naive_holder_depths(trie.match(query))
+
+
+def naive_inflight_matched(by_request: dict[int, tuple[int, tuple[int, ...]]], keys) -> dict[int, int]:
+    """The pre-optimization InflightPrefixes.matched_blocks over a plain
+    {request: (worker, keys)} record: every holder of every matched key,
+    deeper keys overwriting, stopping at the first key nobody has in flight."""
+    depths: dict[int, int] = {}
+    for depth, k in enumerate(keys, start=1):
+        holders = {w for w, ks in by_request.values() if k in ks}
+        if not holders:
+            break
+        for w in holders:
+            depths[w] = depth
+    return depths
+
+
+def naive_merge(cached, inflight) -> dict[int, int]:
+    """The pre-optimization merge_matches."""
+    if not inflight:
+        return dict(cached) if cached else {}
+    merged = dict(cached) if cached else {}
+    for w, n in inflight.items():
+        if n > merged.get(w, 0):
+            merged[w] = n
+    return merged
+
+
+key_lists = st.lists(st.integers(0, 6), min_size=1, max_size=6).map(tuple)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ops=st.lists(st.tuples(st.integers(0, 12), st.integers(0, 4), key_lists, st.booleans()), max_size=30),
+    query=key_lists,
+)
+def test_inflight_matches_the_naive_reference(ops, query):
+    # Raw keys, not chained: repeated and shared keys in any position, which
+    # splits and merges runs of holder maps in every way.
+    idx = InflightPrefixes()
+    live: dict[int, tuple[int, tuple[int, ...]]] = {}
+    for rid, worker, keys, remove in ops:
+        if remove:
+            idx.remove(rid)
+            live.pop(rid, None)
+        else:
+            idx.add(rid, worker, keys)
+            live[rid] = (worker, keys)
+        assert idx.matched_blocks(query) == naive_inflight_matched(live, query)
+        assert idx.matched_blocks(keys) == naive_inflight_matched(live, keys)
+
+
+@given(
+    cached=st.one_of(st.none(), st.dictionaries(st.integers(0, 6), st.integers(-1, 9), max_size=6)),
+    inflight=st.dictionaries(st.integers(0, 6), st.integers(-1, 9), max_size=6),
+)
+def test_merge_matches_the_naive_reference(cached, inflight):
+    before = None if cached is None else dict(cached)
+    assert merge_matches(cached, inflight) == naive_merge(cached, inflight)
+    assert cached == before  # the cached matches are not modified
+
+
+@dataclass
+class TriePool:
+    workers: list[WorkerState]
+    trie: PrefixTrie
+    model: PrefillModel = MODEL
+    block_size: int = 16
+
+    def matched_blocks(self, request: Request):
+        return self.trie.matched_blocks(request.block_keys)
+
+
+def naive_decide(policy: CostModelPolicy, request: Request, pool: TriePool, live) -> Decision | None:
+    matched = naive_holder_depths(pool.trie.match(request.block_keys))
+    if live:
+        matched = naive_merge(dict(matched), naive_inflight_matched(live, request.block_keys))
+    p = naive_place(request.length, matched, pool.workers, pool.model, policy.params, pool.block_size)
+    return None if p is None else Decision(p.worker, p.preferred_degree, p.estimate_s)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    workers=workers_st,
+    cached=st.lists(st.tuples(st.integers(0, 11), st.lists(st.integers(0, 2), min_size=1, max_size=6)), max_size=12),
+    arrivals=st.lists(
+        st.tuples(st.lists(st.integers(0, 2), min_size=1, max_size=8), st.integers(1, 200), st.booleans()),
+        min_size=1,
+        max_size=15,
+    ),
+)
+def test_decide_matches_the_naive_reference(workers, cached, arrivals):
+    """The whole decision — trie lookup, in-flight lookup and merge, place() —
+    against the naive pieces, with requests placed and finishing in between."""
+    ws = [WorkerState(i, d, available=a, outstanding_s=q) for i, (d, q, a) in enumerate(workers)]
+    trie = PrefixTrie()
+
+    def chain(xs: list[int]) -> tuple[int, ...]:
+        out, prev = [], 0
+        for x in xs:
+            prev = prev * 7 + x + 1
+            out.append(prev)
+        return tuple(out)
+
+    for worker, xs in cached:
+        keys = chain(xs)
+        for i, k in enumerate(keys):
+            trie.stored(worker, k, keys[i - 1] if i else None)
+    pool = TriePool(ws, trie)
+    policy = CostModelPolicy(PlacementParams(lam=0.1))
+    live: dict[int, tuple[int, tuple[int, ...]]] = {}
+    for rid, (xs, tokens_per_block, finish_oldest) in enumerate(arrivals):
+        keys = chain(xs)
+        request = Request(rid, 0.0, len(keys) * tokens_per_block, keys)
+        got = policy.decide(request, pool)
+        assert got == naive_decide(policy, request, pool, live)
+        if got is not None:
+            policy.observe_placed(request, got.worker, pool)
+            live[rid] = (got.worker, keys)
+        if finish_oldest and live:
+            oldest = min(live)
+            policy.observe_completed(Request(oldest, 0.0, 1, live.pop(oldest)[1]), 0)
