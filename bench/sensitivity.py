@@ -67,9 +67,14 @@ def grid() -> Grid:
     g["mix_margin"] = [
         (f"{d:g}", replace(BASE, mix_margin=d), BASE_PLACEMENT) for d in (0.05, 0.1, 0.2, 0.3, 1.0)
     ]
-    g["beta"] = [(f"{b:g}", BASE, PlacementParams(b, BASE_PLACEMENT.lam)) for b in (1.0, 2.0, 3.0, 5.0)]
+    g["beta (fixed) / beta_busy"] = [
+        (label, BASE, PlacementParams(b, BASE_PLACEMENT.lam, bb))
+        for label, b, bb in (
+            ("fixed 1", 1.0, 1.0), ("fixed 3", 3.0, 3.0), ("1->3", 1.0, 3.0), ("1->10", 1.0, 10.0), ("1->20", 1.0, 20.0)
+        )
+    ]
     g["lambda"] = [
-        (f"{lam:g}", BASE, PlacementParams(BASE_PLACEMENT.beta, lam))
+        (f"{lam:g}", BASE, PlacementParams(BASE_PLACEMENT.beta, lam, BASE_PLACEMENT.beta_busy))
         for lam in (0.0, 0.1, 0.3, 0.6)
     ]
     return g

@@ -78,7 +78,8 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=_positive_int, default=None, help="tokens per cache block (default: the trace's, 512)")
     p.add_argument("--cache-blocks-per-gpu", type=_nonneg_int, default=1000, help="prefix-cache capacity per GPU in blocks (default 1000)")
     p.add_argument("--t-ext", type=_nonneg_float, default=0.05, help="T_ext seconds added to every TTFT (KV transfer + first token; default 0.05)")
-    p.add_argument("--beta", type=float, default=None, help="placement beta (>= 1)")
+    p.add_argument("--beta", type=float, default=None, help="placement beta when no worker has a queue (>= 1)")
+    p.add_argument("--beta-busy", type=float, default=None, help="placement beta when every worker has a queue (>= beta; = beta for a fixed beta)")
     p.add_argument("--lambda", dest="lam", type=float, default=None, help="placement lambda (>= 0)")
     p.add_argument("--slo-scale", type=_positive_float, default=5.0, help="SLO: tau = max(floor, scale x isolated prefill on the largest degree); default 5")
     p.add_argument("--slo-floor", type=_nonneg_float, default=2.0, help="SLO floor in seconds (default 2)")
@@ -105,6 +106,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     placement = PlacementParams(
         beta=placement.beta if args.beta is None else args.beta,
         lam=placement.lam if args.lam is None else args.lam,
+        beta_busy=placement.beta_busy if args.beta_busy is None else args.beta_busy,
     )
     trace = load_trace(args.trace, seed=args.seed, block_size=args.block_size)
     phases: tuple[tuple[float, float, str], ...] = ()
@@ -151,6 +153,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "cache_blocks_per_gpu": args.cache_blocks_per_gpu,
             "t_ext_s": args.t_ext,
             "beta": placement.beta,
+            "beta_busy": placement.beta_busy,
             "lambda": placement.lam,
             "slo": {"scale": args.slo_scale, "floor_s": args.slo_floor},
             "seed": args.seed,

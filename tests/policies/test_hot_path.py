@@ -53,6 +53,8 @@ def naive_place(length, matched_blocks, workers, model, params, block_size):
         return None
     c_min = min(w.degree for w in cands)
     beta, lam = params.beta, params.lam
+    if params.beta_busy != beta:  # load-dependent beta (added after the optimization)
+        beta += (params.beta_busy - beta) * sum(1 for w in cands if w.queued) / len(cands)
     best = None
     best_cost = float("inf")
     pref_degree = 0
@@ -87,6 +89,7 @@ workers_st = st.lists(
         st.sampled_from([1, 2, 4, 8, 3]),  # 3: a degree the model does not support
         st.sampled_from([0.0, 0.5, 1.0, 2.5]),  # few values, so ties happen
         st.booleans(),
+        st.sampled_from([0, 0, 1, 3]),  # requests waiting: drives the load-dependent beta
     ),
     min_size=1,
     max_size=12,
@@ -103,7 +106,7 @@ workers_st = st.lists(
     model=st.sampled_from([MODEL, FLAT]),
 )
 def test_place_matches_the_naive_reference(workers, length, matched, lam, block_size, model):
-    ws = [WorkerState(i, d, available=a, outstanding_s=q) for i, (d, q, a) in enumerate(workers)]
+    ws = [WorkerState(i, d, available=a, outstanding_s=q, queued=n) for i, (d, q, a, n) in enumerate(workers)]
     params = PlacementParams(lam=lam)
     assert place(length, matched, ws, model, params, block_size) == naive_place(
         length, matched, ws, model, params, block_size
@@ -246,7 +249,7 @@ def naive_decide(policy: CostModelPolicy, request: Request, pool: TriePool, live
 def test_decide_matches_the_naive_reference(workers, cached, arrivals):
     """The whole decision — trie lookup, in-flight lookup and merge, place() —
     against the naive pieces, with requests placed and finishing in between."""
-    ws = [WorkerState(i, d, available=a, outstanding_s=q) for i, (d, q, a) in enumerate(workers)]
+    ws = [WorkerState(i, d, available=a, outstanding_s=q, queued=n) for i, (d, q, a, n) in enumerate(workers)]
     trie = PrefixTrie()
 
     def chain(xs: list[int]) -> tuple[int, ...]:

@@ -11,6 +11,10 @@ among the candidates; the λ term charges the GPU time a larger worker
 occupies beyond the smallest one. The cheapest candidate wins and the caller
 **reserves** its Ê at once (:func:`reserve`) so that concurrent arrivals see it.
 
+β is load-dependent: β_i = β + (β_busy − β)·(share of candidates with
+requests waiting), so a cache hit weighs more once recomputation would delay
+queued requests (see :class:`PlacementParams`).
+
 The **preferred degree** C_pref(i) is the degree of the worker minimising the
 cost *without* q_w: what the request would pick if no queue existed. The
 cache manager uses it to learn which degree a prefix should live at.
@@ -28,21 +32,28 @@ from vertumnus.core.costmodel import PrefillModel
 
 @dataclass(frozen=True, slots=True)
 class PlacementParams:
-    beta: float = 3.0
-    """Weight of the request's own predicted service time (β ≥ 1).
-
-    β > 1 makes a cache hit worth more than the queueing time it costs the
-    request itself: recomputing a prefix elsewhere adds work that every later
-    request waits behind, which matters most when the pool is busy. 3 was
-    chosen on the synthetic workload (not on the evaluation traces): it costs
-    ≤ 3 % mean TTFT at light load against β = 1 and halves it near saturation
-    (docs/benchmarks.md, "Choosing β")."""
+    beta: float = 1.0
+    """Weight of the request's own predicted service time (β ≥ 1) when no
+    candidate worker has requests waiting."""
     lam: float = 0.1
     """Charge for GPUs occupied beyond the smallest candidate degree (λ ≥ 0)."""
+    beta_busy: float = 10.0
+    """β when every candidate has requests waiting (≥ ``beta``); in between,
+    β grows linearly with the fraction of candidates that have a queue.
+
+    Why: a cache miss makes the pool recompute a prefix. While queues are
+    empty that only costs the request itself, and β = 1 (earliest finish)
+    is right. Once requests wait, the recomputed work delays every one of
+    them, so a hit should be worth more than the queueing it costs this
+    request. Set ``beta_busy = beta`` for a fixed β. Chosen on the synthetic
+    workload (docs/benchmarks.md, "Choosing β"): 1 → 10 matches β = 1 at light
+    load and beats every fixed β near saturation."""
 
     def __post_init__(self) -> None:
         if self.beta < 1.0:
             raise ValueError(f"beta must be >= 1, got {self.beta}")
+        if self.beta_busy < self.beta:
+            raise ValueError(f"beta_busy must be >= beta, got {self.beta_busy} < {self.beta}")
         if self.lam < 0.0:
             raise ValueError(f"lambda must be >= 0, got {self.lam}")
 
@@ -162,6 +173,9 @@ def place_fields(
     else:
         keys = [w.degree for w in cands]
     beta, lam = params.beta, params.lam
+    if params.beta_busy != beta:
+        # β_i = β + (β_busy − β) · (share of candidates with requests waiting)
+        beta += (params.beta_busy - beta) * sum(1 for w in cands if w.queued) / len(cands)
     predict = model.predict
     max_cached = length - 1
     own_of: dict[int, float] = {}
