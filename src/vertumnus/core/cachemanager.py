@@ -83,6 +83,7 @@ from typing import Literal, Protocol
 
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.placement import WorkerState
+from vertumnus.core.policies.base import PoolView
 from vertumnus.core.trie import PrefixTrie, TrieNode
 from vertumnus.core.types import Request, cached_tokens
 
@@ -196,17 +197,8 @@ class CacheManagerSettings:
             raise ValueError("latencies and the counter floor must be >= 0")
 
 
-class CacheView(Protocol):
-    """What the manager reads: the pool's workers, the trie, the cost model."""
-
-    @property
-    def workers(self) -> Sequence[WorkerState]: ...
-
-    @property
-    def model(self) -> PrefillModel: ...
-
-    @property
-    def block_size(self) -> int: ...
+class CacheView(PoolView, Protocol):
+    """What the manager reads: a policy's view of the pool, plus the trie."""
 
     @property
     def trie(self) -> PrefixTrie: ...

@@ -78,12 +78,7 @@ class MaxScorePicker:
         self.rng = rng
 
     def pick(self, totals: Mapping[int, float]) -> int:
-        best = max(totals.values())
-        # Exact ties only: totals are sums of the same float expressions.
-        tied = sorted(w for w, v in totals.items() if v == best)
-        if len(tied) == 1 or self.rng is None:
-            return tied[0]
-        return tied[self.rng.randrange(len(tied))]
+        return _break_tie(totals, max(totals.values()), self.rng)
 
 
 class MinCostPicker:
@@ -95,11 +90,16 @@ class MinCostPicker:
         self.rng = rng
 
     def pick(self, totals: Mapping[int, float]) -> int:
-        best = min(totals.values())
-        tied = sorted(w for w, v in totals.items() if v == best)
-        if len(tied) == 1 or self.rng is None:
-            return tied[0]
-        return tied[self.rng.randrange(len(tied))]
+        return _break_tie(totals, min(totals.values()), self.rng)
+
+
+def _break_tie(totals: Mapping[int, float], best: float, rng: random.Random | None) -> int:
+    """A worker whose total equals ``best``: at random (seeded) or the lowest id."""
+    # Exact ties only: totals are sums of the same float expressions.
+    tied = sorted(w for w, v in totals.items() if v == best)
+    if len(tied) == 1 or rng is None:
+        return tied[0]
+    return tied[rng.randrange(len(tied))]
 
 
 def min_max_inverted(values: Mapping[int, float]) -> dict[int, float]:
