@@ -108,18 +108,15 @@ def min_max_inverted(values: Mapping[int, float]) -> dict[int, float]:
     All equal → every worker scores 1 (llm-d's queue scorer does the same, so
     an idle pool does not bias the weighted sum).
     """
-    if not values:
-        return {}
-    lo = min(values.values())
-    hi = max(values.values())
-    if hi == lo:
-        return dict.fromkeys(values, 1.0)
-    span = hi - lo
-    return {w: (hi - v) / span for w, v in values.items()}
+    return _min_max(values, invert=True)
 
 
 def min_max(values: Mapping[int, float]) -> dict[int, float]:
     """(v − min) / (max − min): the largest value scores 1; all equal → 1."""
+    return _min_max(values, invert=False)
+
+
+def _min_max(values: Mapping[int, float], invert: bool) -> dict[int, float]:
     if not values:
         return {}
     lo = min(values.values())
@@ -127,6 +124,8 @@ def min_max(values: Mapping[int, float]) -> dict[int, float]:
     if hi == lo:
         return dict.fromkeys(values, 1.0)
     span = hi - lo
+    if invert:
+        return {w: (hi - v) / span for w, v in values.items()}
     return {w: (v - lo) / span for w, v in values.items()}
 
 
