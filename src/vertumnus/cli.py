@@ -58,9 +58,19 @@ _nonneg_int = _number(int, 0, strict=False)
 # -- simulate -----------------------------------------------------------------
 
 
+def _kinds_epilog() -> str:
+    from vertumnus.sim.registry import KINDS
+
+    width = max(map(len, KINDS))
+    lines = [f"  {name.ljust(width)}  {kind.description}" for name, kind in KINDS.items()]
+    return "policy kinds (KIND:COMPOSITION, e.g. vertumnus:4xCP4+3xCP8; adaptive kinds take none):\n" + "\n".join(lines)
+
+
 def _add_simulate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "simulate",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_kinds_epilog(),
         help="replay a trace through placement policies side by side",
         description=(
             "Replay a trace through one or more policies on a simulated prefill pool and "

@@ -90,3 +90,30 @@ def test_mooncake_runs_through_the_cli(tmp_path):
     p = run("simulate", "--trace", str(MOONCAKE), "--compare", "least-work:4xCP4+3xCP8", "--rate-scale", "4", "--json", str(out))
     assert p.returncode == 0, p.stderr
     assert json.loads(out.read_text())["policies"]["least-work:4xCP4+3xCP8"]["requests"] == 12031
+
+
+def test_adaptive_and_phases_through_the_cli(tmp_path):
+    out = tmp_path / "a.json"
+    rc = main([
+        "simulate", "--trace", "synthetic:duration_s=240", "--phases", "60s:rate=3,long=0.3;60s:rate=0.5,long=4;repeat=2",
+        "--compare", "vertumnus-adaptive,vertumnus-nocm:4xCP4+3xCP8", "--json", str(out),
+    ])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    adaptive = data["policies"]["vertumnus-adaptive"]
+    fixed = data["policies"]["vertumnus-nocm:4xCP4+3xCP8"]
+    assert adaptive["requests"] == fixed["requests"] == data["trace"]["requests"]
+    assert adaptive["composition_timeline"][0]["t_s"] == 0.0
+    assert fixed["reconfigurations"] == 0 and len(fixed["composition_timeline"]) == 1
+    assert [p["label"] for p in adaptive["phases"]] == [p["label"] for p in fixed["phases"]]
+    assert len(adaptive["phases"]) == 4
+    assert sum(p["requests"] for p in fixed["phases"]) == fixed["requests"]
+
+
+def test_help_lists_every_policy_kind():
+    from vertumnus.sim.registry import KINDS
+
+    p = run("simulate", "--help")
+    assert p.returncode == 0
+    for kind in KINDS:
+        assert kind in p.stdout
