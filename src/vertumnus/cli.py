@@ -112,6 +112,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for out in (args.json_out, args.plot):
         if out is not None and not Path(out).resolve().parent.is_dir():
             raise UsageError(f"output folder does not exist: {Path(out).parent}")
+    if args.plot:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise UsageError("--plot needs matplotlib: pip install 'vertumnus[plot]'")
     placement = PlacementParams()
     placement = PlacementParams(
         beta=placement.beta if args.beta is None else args.beta,
