@@ -72,9 +72,10 @@ def run_point(job: dict[str, Any]) -> dict[str, Any]:
     from vertumnus.profiles import load_model
     from vertumnus.sim.cachesim import build_vertumnus, build_vertumnus_nocm
     from vertumnus.sim.engine import PoolConfig
-    from vertumnus.sim.traces import load_mooncake, scale_rate
+    from vertumnus.sim.traces import load_trace, scale_rate
 
-    trace = load_mooncake(job["trace"])
+    # A Mooncake .jsonl or a synthetic:... spec (trace_seed: the generator seed).
+    trace = load_trace(job["trace"], seed=job["trace_seed"])
     if job["limit"]:
         from vertumnus.sim.traces import Trace
 
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-blocks", type=int, default=1000, help="cache blocks per GPU")
     ap.add_argument("--seeds", type=int, default=3, help="runs per point (1 = trace as is)")
     ap.add_argument("--jitter-ms", type=float, default=1.0)
+    ap.add_argument("--trace-seed", type=int, default=0, help="generator seed (synthetic only)")
     ap.add_argument("--limit", type=int, default=0, help="use the first N requests only")
     ap.add_argument("--settings", default="{}", help="CacheManagerSettings overrides, JSON")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
@@ -193,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [
         {
             "trace": args.trace,
+            "trace_seed": args.trace_seed,
             "composition": args.composition,
             "cache_blocks": args.cache_blocks,
             "limit": args.limit,
@@ -223,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "experiment": "cache-manager ablation",
         "trace": Path(args.trace).name,
+        "trace_seed": args.trace_seed,
         "composition": args.composition,
         "cache_blocks_per_gpu": args.cache_blocks,
         "seeds": args.seeds,

@@ -470,11 +470,15 @@ _ACCEPTED_FORMS = (
 
 
 def _parse_synthetic_options(spec: str, text: str) -> dict[str, object]:
-    """``duration_s=120,mean_rate=2`` -> kwargs for SyntheticConfig, typed by its fields."""
-    from vertumnus.sim.synthetic import SyntheticConfig
+    """``duration_s=120,mean_rate=2`` -> kwargs for SyntheticConfig, typed by its fields.
+
+    ``preset=NAME`` starts from ``PRESETS[NAME]``; explicit keys override it.
+    """
+    from vertumnus.sim.synthetic import PRESETS, SyntheticConfig
 
     types = {f.name: f.type for f in fields(SyntheticConfig)}
     out: dict[str, object] = {}
+    base: dict[str, object] = {}
     for part in text.split(","):
         if not part.strip():
             continue
@@ -482,6 +486,12 @@ def _parse_synthetic_options(spec: str, text: str) -> dict[str, object]:
         key, value = key.strip(), value.strip()
         if not sep or not key or not value:
             raise TraceError(f"bad synthetic option {part.strip()!r}: expected KEY=VALUE", spec)
+        if key == "preset":
+            if value not in PRESETS:
+                known = ", ".join(sorted(PRESETS))
+                raise TraceError(f"unknown synthetic preset {value!r}; known: {known}", spec)
+            base = dict(PRESETS[value])
+            continue
         if key not in types:
             raise TraceError(
                 f"unknown synthetic option {key!r}; known: {', '.join(sorted(types))}", spec
@@ -492,7 +502,7 @@ def _parse_synthetic_options(spec: str, text: str) -> dict[str, object]:
         except ValueError:
             what = "an integer" if is_int else "a number"
             raise TraceError(f"synthetic option {key}={value!r}: expected {what}", spec) from None
-    return out
+    return {**base, **out}
 
 
 def load_trace(spec: str, *, seed: int = 0, block_size: int | None = None) -> Trace:
@@ -500,7 +510,9 @@ def load_trace(spec: str, *, seed: int = 0, block_size: int | None = None) -> Tr
 
     - ``synthetic`` or ``synthetic:KEY=VALUE,...`` (fields of
       :class:`~vertumnus.sim.synthetic.SyntheticConfig`, e.g.
-      ``synthetic:duration_s=120,mean_rate=2``): the built-in generator with
+      ``synthetic:duration_s=120,mean_rate=2``; ``preset=NAME`` starts from
+      :data:`~vertumnus.sim.synthetic.PRESETS`, e.g.
+      ``synthetic:preset=toolagent``): the built-in generator with
       ``seed``; ``block_size`` overrides the config's.
     - ``*.jsonl``: :func:`load_mooncake`; ``*.csv``: :func:`load_azure`
       (``block_size`` defaults to 512, the Mooncake block size).
