@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from functools import cache
 from pathlib import Path
@@ -43,22 +41,10 @@ from typing import Any
 import numpy as np
 
 from vertumnus.core.metrics import load_imbalance, summarize
-from vertumnus.core.policies.base import Policy
-from vertumnus.core.policies.peers import (
-    LLMD,
-    AIBrixConductor,
-    DynamoKV,
-    LeastRequests,
-    Preble,
-    SGLangCacheAware,
-    VLLMKvaware,
-)
-from vertumnus.core.policies.simple import RoundRobin
-from vertumnus.core.policies.vertumnus import CostModelPolicy
 from vertumnus.core.types import Composition
 from vertumnus.profiles import load_model
-from vertumnus.sim.engine import Simulation
-from vertumnus.sim.runner import RunSettings
+from vertumnus.sim.registry import KINDS
+from vertumnus.sim.runner import PolicySpec, RunSettings
 from vertumnus.sim.traces import Trace, load_mooncake, load_trace, scale_rate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,17 +54,18 @@ LONG_TOKENS = 32768
 """Requests longer than this count as long in the per-degree breakdown."""
 SEED = 0
 
-POLICIES: dict[str, Callable[[], Policy]] = {
-    "vertumnus": CostModelPolicy,
-    "sglang-cache-aware": lambda: SGLangCacheAware(rng=random.Random(SEED)),
-    "llm-d": lambda: LLMD(rng=random.Random(SEED)),
-    "llm-d-precise": lambda: LLMD(mode="precise", rng=random.Random(SEED)),
-    "dynamo-kv": lambda: DynamoKV(rng=random.Random(SEED)),
-    "preble": Preble,
-    "aibrix-conductor": AIBrixConductor,
-    "vllm-kvaware": VLLMKvaware,
-    "round-robin": RoundRobin,
-    "least-requests": LeastRequests,
+POLICIES: dict[str, str] = {
+    # label -> policy kind of vertumnus.sim.registry (the same builders as
+    # `vertumnus simulate --compare`). "vertumnus" is the cost-model placement
+    # alone: the cache manager makes no copy on these workloads.
+    "vertumnus": "vertumnus-nocm",
+    **{
+        kind: kind
+        for kind in (
+            "sglang-cache-aware", "llm-d", "llm-d-precise", "dynamo-kv", "preble",
+            "aibrix-conductor", "vllm-kvaware", "round-robin", "least-requests",
+        )
+    },
 }
 PEERS = [p for p in POLICIES if p != "vertumnus"]
 
@@ -102,7 +89,8 @@ def run_one(task: tuple[str, str, str, float]) -> dict[str, Any]:
     policy_name, pool, wl, scale = task
     trace = workload(wl, scale)
     settings = RunSettings(model=load_model(), seed=SEED)
-    sim = Simulation(settings.pool(Composition.parse(pool), trace.block_size), POLICIES[policy_name]())
+    kind = POLICIES[policy_name]
+    sim = KINDS[kind].build(PolicySpec(kind, Composition.parse(pool)), trace, settings)
     t0 = time.perf_counter()
     result = sim.run(trace.requests)
     wall = time.perf_counter() - t0
