@@ -78,7 +78,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from vertumnus.core.costmodel import PrefillModel
@@ -648,15 +648,13 @@ class CacheManager:
                         missing = op.missing_blocks + (node.depth - nodes[op.key].depth)
                         if missing > s.max_copy_fraction * dst.cache_capacity_blocks:
                             break
-                        new = Copy(
-                            op.kind,
-                            cand.key,
-                            cand.degree,
-                            src.id,
-                            dst.id,
-                            path_keys,
-                            missing,
-                            transfer_s(missing, src, dst),
+                        # the same copy, extended to the deeper candidate
+                        new = replace(
+                            op,
+                            key=cand.key,
+                            keys=path_keys,
+                            missing_blocks=missing,
+                            transfer_s=transfer_s(missing, src, dst),
                         )
                         plan.copies[i] = new
                         self._untrack_copy(op)
