@@ -1,18 +1,24 @@
-"""Build hook: compile proto/ with grpcio-tools into vertumnus.worker._proto.
+"""Build hooks: compile proto/ into vertumnus.worker._proto, and the
+placement hot path into the optional C extension vertumnus.core._placement.
 
 The generated modules are build outputs, never committed: ``build_py`` writes
 them into ``worker/_proto/`` (gitignored) before setuptools collects the
 package, so editable installs and wheels both carry them. protoc emits
 ``from vertumnus.worker.v1 import worker_pb2`` (the proto's path); the import
 is rewritten to the package the modules actually live in.
+
+The C extension is optional: where no C compiler is available the build
+goes on without it and placement runs its pure-Python twin (same results,
+~2x slower; ``vertumnus.core.placement.HOT_PATH`` says which one runs).
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 from setuptools.command.egg_info import egg_info
 
@@ -66,4 +72,17 @@ class EggInfoWithProtos(egg_info):
         super().run()
 
 
-setup(cmdclass={"build_py": BuildPyWithProtos, "egg_info": EggInfoWithProtos})
+# Identical floats to the Python path need no fused multiply-add contraction.
+_FP_STRICT = [] if sys.platform == "win32" else ["-O2", "-ffp-contract=off"]
+
+setup(
+    cmdclass={"build_py": BuildPyWithProtos, "egg_info": EggInfoWithProtos},
+    ext_modules=[
+        Extension(
+            "vertumnus.core._placement",
+            ["src/vertumnus/core/_placement.c"],
+            extra_compile_args=_FP_STRICT,
+            optional=True,
+        )
+    ],
+)

@@ -20,6 +20,10 @@ CP2, CP4, CP8 for 64), then times, one request at a time on one core:
     ``place()`` alone, on the trie's matches for the same requests.
 ``trie``
     ``PrefixTrie.matched_blocks`` alone.
+``decide-py`` / ``place-py``
+    the same two with the pure-Python ``place_fields_py`` in place of the
+    compiled hot path (``vertumnus.core._placement``), for the ratio between
+    them in one run (absent when the build has no C extension).
 
 Each path reports decisions/s and the p50 / p99 / max latency of one call, by
 the thread's CPU clock (the cost on one core, unaffected by other jobs on a
@@ -48,8 +52,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from vertumnus.core import placement
 from vertumnus.core.costmodel import PrefillModel
-from vertumnus.core.placement import PlacementParams, WorkerState, place, reserve
+from vertumnus.core.placement import PlacementParams, WorkerState, place_fields_py, reserve
+from vertumnus.core.policies import vertumnus as vertumnus_policy
 from vertumnus.core.policies.vertumnus import CostModelPolicy
 from vertumnus.core.trie import PrefixTrie
 from vertumnus.core.types import Request
@@ -165,16 +171,27 @@ def time_decide(
     return lat, booking
 
 
-def time_place(pool: TriePool, requests: list[Request], clock: Clock) -> list[int]:
+def time_place(pool: TriePool, requests: list[Request], clock: Clock, fn=None) -> list[int]:
+    fn = fn or placement.place_fields
     params = PlacementParams()
     workers, model, bs = pool.workers, pool.model, pool.block_size
     inputs = [(r.length, dict(pool.matched_blocks(r))) for r in requests]
     lat = []
     for length, matched in inputs:
         t0 = clock()
-        place(length, matched, workers, model, params, bs)
+        fn(length, matched, workers, model, params, bs)
         lat.append(clock() - t0)
     return lat
+
+
+def time_decide_py(*args) -> tuple[list[int], list[int]]:
+    """time_decide with the policy running the pure-Python place_fields."""
+    compiled = vertumnus_policy.place_fields
+    vertumnus_policy.place_fields = place_fields_py
+    try:
+        return time_decide(*args)
+    finally:
+        vertumnus_policy.place_fields = compiled
 
 
 def time_trie(pool: TriePool, requests: list[Request], clock: Clock) -> list[int]:
@@ -222,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         prefixes, args.inflight_per_worker * args.workers + 1000, args.seed + 2, first_id=len(requests)
     )
     blocks = statistics.mean(len(r.block_keys) for r in requests)
+    print(f"hot path: {placement.HOT_PATH}")
     print(f"trie: {len(pool.trie):,} blocks over {args.workers} workers (built in {build_s:.1f} s); "
           f"requests: {len(requests):,}, {blocks:.1f} blocks each on average; "
           f"{args.inflight_per_worker * args.workers} in flight")
@@ -245,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     # immune to other jobs preempting us on a shared machine) and wall time.
     # Passes interleave the paths so that a burst of load elsewhere on the
     # machine does not land on one path only; each figure is the median.
-    paths = ("decide", "bookkeeping", "place", "trie")
+    paths: tuple[str, ...] = ("decide", "bookkeeping", "place", "trie")
+    if placement.HOT_PATH == "c":
+        paths += ("decide-py", "place-py")
     passes: dict[str, dict[str, list[dict[str, float]]]] = {
         p: {"cpu": [], "wall": []} for p in paths
     }
@@ -256,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
             passes["bookkeeping"][label].append(summary(booking))
             passes["place"][label].append(summary(time_place(pool, requests, clock)))
             passes["trie"][label].append(summary(time_trie(pool, requests, clock)))
+            if "decide-py" in paths:
+                lat, _ = time_decide_py(pool, requests, warm, args.inflight_per_worker, clock)
+                passes["decide-py"][label].append(summary(lat))
+                passes["place-py"][label].append(
+                    summary(time_place(pool, requests, clock, place_fields_py))
+                )
     figures = {p: {label: median_of(runs) for label, runs in passes[p].items()} for p in paths}
     for p in paths:
         for label in ("cpu", "wall"):
@@ -264,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{p:11s} {label:4s} clock: {f['decisions_per_s']:9,.0f} /s   p50 {f['p50_us']:6.1f} µs   "
                 f"p99 {f['p99_us']:6.1f} µs   max {f['max_us']:7.1f} µs"
             )
+    if "decide-py" in paths:
+        for p in ("decide", "place"):
+            ratio = figures[p]["cpu"]["decisions_per_s"] / figures[p + "-py"]["cpu"]["decisions_per_s"]
+            print(f"{p}: compiled / Python hot path = {ratio:.2f}x decisions/s (CPU clock)")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
@@ -283,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                 for p in paths
             },
             "python": sys.version.split()[0],
+            "hot_path": placement.HOT_PATH,
         }, indent=2) + "\n")
     return 0
 

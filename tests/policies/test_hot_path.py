@@ -1,6 +1,7 @@
 """The optimized hot path returns exactly what the naive reference does.
 
-``place()``, ``PrefixTrie.holder_depths`` / ``matched_blocks``,
+``place()`` (both its compiled C twin and the pure-Python fallback),
+``PrefixTrie.holder_depths`` / ``matched_blocks``,
 ``InflightPrefixes.matched_blocks``, ``merge_matches`` and
 ``CostModelPolicy.decide`` were rewritten for speed (issue 4). These property
 tests run them against the straightforward versions they replaced, on random
@@ -12,16 +13,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.inflight import InflightPrefixes, merge_matches
-from vertumnus.core.placement import Placement, PlacementParams, WorkerState, candidates, place
+from vertumnus.core import placement
+from vertumnus.core.placement import (
+    Placement,
+    PlacementParams,
+    WorkerState,
+    candidates,
+    place,
+    place_fields_py,
+)
 from vertumnus.core.policies.base import Decision
 from vertumnus.core.policies.vertumnus import CostModelPolicy
 from vertumnus.core.trie import PrefixTrie, TrieNode
 from vertumnus.core.types import Request, cached_tokens
+
+try:
+    from vertumnus.core._placement import place_fields as compiled
+except ImportError:
+    compiled = None
 
 MODEL = PrefillModel(
     name="t",
@@ -108,9 +123,61 @@ workers_st = st.lists(
 def test_place_matches_the_naive_reference(workers, length, matched, lam, block_size, model):
     ws = [WorkerState(i, d, available=a, outstanding_s=q, queued=n) for i, (d, q, a, n) in enumerate(workers)]
     params = PlacementParams(lam=lam)
-    assert place(length, matched, ws, model, params, block_size) == naive_place(
-        length, matched, ws, model, params, block_size
-    )
+    want = naive_place(length, matched, ws, model, params, block_size)
+    assert place(length, matched, ws, model, params, block_size) == want
+    # Both implementations, whichever one place() runs here.
+    want_fields = None if want is None else tuple(getattr(want, f) for f in Placement.__slots__)
+    assert place_fields_py(length, matched, ws, model, params, block_size) == want_fields
+    if compiled is not None:
+        assert compiled(length, matched, ws, model, params, block_size) == want_fields
+
+
+def test_the_compiled_hot_path_is_built_and_in_use():
+    """The C extension is optional at install time, but this project's build
+    (and CI) has a compiler: a silent fall-back to Python would halve the
+    router's decision rate."""
+    assert placement.HOT_PATH == "c"
+    assert placement.place_fields is compiled
+
+
+def test_compiled_hot_path_reads_any_mapping_without_changing_it():
+    from collections import defaultdict
+    from types import MappingProxyType
+
+    ws = [WorkerState(i, d, outstanding_s=0.5 * i) for i, d in enumerate([1, 2, 4, 8])]
+    params = PlacementParams()
+    plain = {2: 3, 3: 1}
+    want = place_fields_py(3000, plain, ws, MODEL, params, 512)
+    counts: defaultdict[int, int] = defaultdict(int, plain)
+    for m in (MappingProxyType(plain), counts):
+        assert place_fields_py(3000, m, ws, MODEL, params, 512) == want
+        if compiled is not None:
+            assert compiled(3000, m, ws, MODEL, params, 512) == want
+    assert dict(counts) == plain  # .get(), never [] on a defaulting mapping
+
+
+def test_compiled_hot_path_rejects_bad_arguments_clearly():
+    if compiled is None:
+        pytest.skip("built without the C extension")
+    ws = [WorkerState(0, 4)]
+    params = PlacementParams()
+    with pytest.raises(ValueError, match="block_size"):
+        compiled(100, {}, ws, MODEL, params, 0)
+    with pytest.raises(OverflowError, match="length"):
+        compiled(1 << 40, {}, ws, MODEL, params, 512)
+    with pytest.raises(TypeError, match="6 arguments"):
+        compiled(100, {}, ws, MODEL)  # type: ignore[call-arg]
+    with pytest.raises(AttributeError, match="outstanding_s"):
+        compiled(100, {}, [object.__new__(_NoLoad)], MODEL, params, 512)
+
+
+class _NoLoad:
+    """A worker without outstanding_s: an AttributeError naming it, not a crash."""
+
+    available = True
+    degree = 4
+    id = 0
+    queued = 0
 
 
 def test_place_prefers_the_first_of_tied_degrees():
@@ -277,3 +344,31 @@ def test_decide_matches_the_naive_reference(workers, cached, arrivals):
         if finish_oldest and live:
             oldest = min(live)
             policy.observe_completed(Request(oldest, 0.0, 1, live.pop(oldest)[1]), 0)
+
+
+def test_compiled_hot_path_matches_python_on_large_pools_and_the_shipped_profile():
+    """64 workers, long requests, deep matches, the shipped H200 profile: the
+    two implementations agree to the last bit on every decision."""
+    import random
+
+    from vertumnus.profiles import load_model
+
+    model = load_model()
+    rng = random.Random(7)
+    for _ in range(2000):
+        ws = [
+            WorkerState(
+                i,
+                rng.choice([1, 2, 4, 8]),
+                available=rng.random() > 0.1,
+                outstanding_s=rng.choice([0.0, rng.uniform(0, 30)]),
+                queued=rng.choice([0, 0, 1, 5]),
+            )
+            for i in rng.sample(range(1000), 64)
+        ]
+        length = rng.randint(1, 1_100_000)
+        holders = rng.sample(ws, rng.randint(0, 40))
+        matched = {w.id: rng.randint(0, length // 512 + 2) for w in holders}
+        params = PlacementParams(beta=rng.choice([1.0, 2.0]), lam=rng.choice([0.0, 0.1]), beta_busy=10.0)
+        want = place_fields_py(length, matched, ws, model, params, 512)
+        assert placement.place_fields(length, matched, ws, model, params, 512) == want
