@@ -78,8 +78,10 @@ def main() -> int:
             per_case[name] = time_calls(
                 lambda o=obs, st=state: planner.step(st, o, CAP, settings), 200
             )
-            _, d = planner.step(state, obs, CAP, settings)
-            per_case[name]["decision"] = type(d).__name__ if d is not None else "None"
+            new, ops = planner.step(state, obs, CAP, settings)
+            per_case[name]["decision"] = (
+                f"{len(ops)} x {type(ops[0]).__name__} -> target {new.target}" if ops else "None"
+            )
         decisions[f"{gpus} GPUs, {len(layout.slots)} workers ({comp})"] = per_case
         print(gpus, {k: round(v["median_ms"], 3) for k, v in per_case.items()}, file=sys.stderr)
     results["step"] = decisions

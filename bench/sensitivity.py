@@ -64,13 +64,24 @@ def grid() -> Grid:
     g["follow_through"] = [
         (str(f), replace(BASE, follow_through=f), BASE_PLACEMENT) for f in (False, True)
     ]
+    g["multi_step"] = [(str(f), replace(BASE, multi_step=f), BASE_PLACEMENT) for f in (False, True)]
+    g["max_concurrent_ops"] = [
+        (str(n), replace(BASE, max_concurrent_ops=n), BASE_PLACEMENT) for n in (1, 2, 4, 8)
+    ]
+    g["transition_admit"] = [
+        (f"{a:g}", replace(BASE, transition_admit=a), BASE_PLACEMENT) for a in (0.8, 0.9, 1.0, 1.2)
+    ]
     g["mix_margin"] = [
         (f"{d:g}", replace(BASE, mix_margin=d), BASE_PLACEMENT) for d in (0.05, 0.1, 0.2, 0.3, 1.0)
     ]
     g["beta (fixed) / beta_busy"] = [
         (label, BASE, PlacementParams(b, BASE_PLACEMENT.lam, bb))
         for label, b, bb in (
-            ("fixed 1", 1.0, 1.0), ("fixed 3", 3.0, 3.0), ("1->3", 1.0, 3.0), ("1->10", 1.0, 10.0), ("1->20", 1.0, 20.0)
+            ("fixed 1", 1.0, 1.0),
+            ("fixed 3", 3.0, 3.0),
+            ("1->3", 1.0, 3.0),
+            ("1->10", 1.0, 10.0),
+            ("1->20", 1.0, 20.0),
         )
     ]
     g["lambda"] = [
@@ -99,7 +110,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=CALIBRATION_SEED)
     ap.add_argument("--only", default=None, help="run one factor (a key of the grid)")
     ap.add_argument("--out", default=str(OUT / "adaptive_sensitivity"))
+    ap.add_argument(
+        "--base",
+        default="",
+        help="planner settings to sweep around instead of the defaults, e.g. 'window_s=30'",
+    )
     args = ap.parse_args(argv)
+    if args.base:
+        global BASE
+        changes = {}
+        for item in args.base.split(","):
+            k, v = item.split("=")
+            changes[k.strip()] = (
+                type(getattr(BASE, k.strip()))(v) if v not in ("True", "False") else v == "True"
+            )
+        BASE = replace(BASE, **changes)
     trace, bounds = workload(args.phases, args.seed)
     print(
         f"calibration workload: {len(trace)} requests ({args.phases}, seed {args.seed})",
@@ -141,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results[factor] = rows
     data = {
         "date": "2026-11-30",
-        "command": "python bench/sensitivity.py",
+        "command": "python bench/sensitivity.py" + (f" --base {args.base}" if args.base else ""),
         **fixed_references(trace, bounds),
         "phases_spec": args.phases,
         "seed": args.seed,

@@ -100,6 +100,30 @@ def test_adaptive_pool_reconfigures_and_loses_nothing(model: PrefillModel) -> No
     assert max(controller.decision_cost_s) < 0.05
 
 
+def test_adaptive_pool_chains_a_transition_without_waiting_for_windows(
+    model: PrefillModel,
+) -> None:
+    """Multi-step: the second split starts at the first one's commit, not a window later."""
+    trace = two_phase_trace()
+    runs = {}
+    for multi in (True, False):
+        opts = AdaptiveOptions(
+            gpus=16,
+            control=planner.PlannerSettings(window_s=5.0, persist_windows=2, multi_step=multi),
+            initial=Composition.parse("2xCP8"),
+        )
+        sim = build_adaptive(trace, model, opts)
+        result = sim.run(trace.requests)
+        assert sorted(c.request_id for c in result.completions) == list(range(len(trace)))
+        runs[multi] = sim.attachments["executor"].transitions
+    first, second = runs[True][:2]
+    assert (first.kind, second.kind) == ("split", "split")
+    assert second.started_s == first.committed_s  # started by advance() at the commit
+    assert second.composition == "4xCP4" and first.reason.endswith("target 4xCP4")
+    one_step = runs[False]
+    assert one_step[1].started_s - one_step[0].started_s >= 5.0  # a window later
+
+
 def test_adaptive_initial_composition_from_history(model: PrefillModel) -> None:
     trace = two_phase_trace()
     opts = AdaptiveOptions(gpus=16, history_s=30.0)

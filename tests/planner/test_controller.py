@@ -35,6 +35,7 @@ SETTINGS = PlannerSettings(
     persist_windows=3,
     mix_margin=0.1,
     min_requests=10,
+    multi_step=False,  # one operation per decision; multi-step: test_multistep.py
 )
 WINDOW_CAPACITY = 38.0  # K·H for 4xCP4+3xCP8
 LARGE_SHARE = 1.8 / 3.8  # the three CP8 workers' share of K: 0.474
@@ -52,11 +53,17 @@ def window(u: float, long_share: float = 0.5, n: int = 100, **kw) -> WindowObser
     )
 
 
+def one(ops: tuple) -> object:
+    """The single operation of a one-step decision, or None."""
+    assert len(ops) <= 1
+    return ops[0] if ops else None
+
+
 def run(state: ControllerState, windows: list[WindowObservation]):
     decisions = []
     for w in windows:
-        state, d = step(state, w, CAP, SETTINGS)
-        decisions.append(d)
+        state, ops = step(state, w, CAP, SETTINGS)
+        decisions.append(one(ops))
     return state, decisions
 
 
@@ -97,7 +104,7 @@ def test_merge_when_demand_stays_low_and_capacity_remains() -> None:
     state, ds = run(start(), [window(0.4)] * 3)
     assert ds[:2] == [None, None]
     assert isinstance(ds[2], Merge) and ds[2].workers == (0, 1)
-    assert state.pending == ds[2]
+    assert state.pending == (ds[2],)
 
 
 def test_merge_refused_when_merged_capacity_would_fall_short() -> None:
@@ -106,7 +113,7 @@ def test_merge_refused_when_merged_capacity_would_fall_short() -> None:
     state = start()
     for _ in range(5):
         state, d = step(state, window(0.45), CAP, tight)
-        assert d is None
+        assert d == ()
     assert state.merge_streak == 0
 
 
@@ -156,7 +163,7 @@ def test_commit_updates_layout_and_epoch() -> None:
     assert isinstance(ds[2], Split)
     parent = state.layout.slot(ds[2].worker)
     state = commit(state, [10, 11])
-    assert state.epoch == 1 and state.pending is None
+    assert state.epoch == 1 and state.pending == ()
     assert str(state.layout.composition) == "6xCP4+2xCP8"
     a, b = state.layout.slot(10), state.layout.slot(11)
     assert (a.domain, a.offset, a.degree) == (parent.domain, parent.offset, 4)
@@ -176,7 +183,7 @@ def test_nothing_to_split_in_an_all_smallest_pool() -> None:
     # 10xCP4: K = 5/s; u well above upper, but CP4 is the smallest degree allowed.
     for _ in range(4):
         state, d = step(state, window(2.0), CAP, SETTINGS)
-        assert d is None
+        assert d == ()
 
 
 def test_initial_composition_prefers_large_degrees_with_enough_capacity() -> None:
@@ -215,8 +222,8 @@ def test_follow_through_needs_one_window_per_further_step() -> None:
     state, ds = run(start(), [window(1.2)] * 3)
     assert isinstance(ds[2], Split) and state.momentum == "split"
     state = commit(state, [10, 11])  # 6xCP4+2xCP8, K = 4.2/s: 1.2·38/42 = 1.09 > upper
-    state, d = step(state, window(1.2), CAP, SETTINGS)
-    assert isinstance(d, Split)  # one window was enough
+    state, ops = step(state, window(1.2), CAP, SETTINGS)
+    assert isinstance(one(ops), Split)  # one window was enough
     state = commit(state, [12, 13])
     # A calm window ends the follow-through: back to persist_windows.
     state, ds = run(state, [window(0.8), window(1.3), window(1.3), window(1.3)])
@@ -227,11 +234,11 @@ def test_without_follow_through_every_step_waits_persist_windows() -> None:
     slow = PlannerSettings(**{**SETTINGS.__dict__, "follow_through": False})
     state = start()
     for _ in range(3):
-        state, d = step(state, window(1.2), CAP, slow)
-    assert isinstance(d, Split)
+        state, ops = step(state, window(1.2), CAP, slow)
+    assert isinstance(one(ops), Split)
     state = commit(state, [10, 11])
     decisions = []
     for _ in range(3):
-        state, d = step(state, window(1.2), CAP, slow)
-        decisions.append(d)
+        state, ops = step(state, window(1.2), CAP, slow)
+        decisions.append(one(ops))
     assert decisions[:2] == [None, None] and isinstance(decisions[2], Split)

@@ -7,6 +7,7 @@ model, so every request's worker is known and every number can be checked.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -201,7 +202,9 @@ def test_no_request_lost_or_served_twice_across_random_reconfigurations(
             *planner.eligible_merges(state.layout, lattice),
         ]
         op = cands[choice % len(cands)]
-        box["state"] = planner.ControllerState(layout=state.layout, epoch=state.epoch, pending=op)
+        box["state"] = planner.ControllerState(
+            layout=state.layout, epoch=state.epoch, pending=(op,)
+        )
 
         def committed(added: list[int]) -> None:
             box["state"] = planner.commit(box["state"], added)
@@ -232,3 +235,106 @@ def test_no_request_lost_or_served_twice_across_random_reconfigurations(
     for node in sim.trie.nodes.values():
         for holder in node.holders:
             assert sim.has_worker(holder) and node.key in sim.worker(holder).cache
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    raw=reqs_strategy,
+    ops=st.lists(
+        st.tuples(st.floats(0.0, 20.0), st.integers(0, 1000), st.integers(1, 4)), max_size=8
+    ),
+    delay=st.sampled_from([0.0, 0.5]),
+)
+def test_no_request_lost_or_served_twice_across_concurrent_reconfigurations(
+    model: PrefillModel, raw, ops, delay
+) -> None:
+    """As above, but each event starts up to ``k`` disjoint operations at once, next to any
+    still in flight; each drains only its own workers and commits under its own epoch."""
+    requests = []
+    for t, symbols, extra in sorted(raw, key=lambda x: x[0]):
+        keys, prev = [], 0
+        for s in symbols:
+            prev = prev * 7 + s
+            keys.append(prev)
+        requests.append(Request(len(requests), t, len(keys) * BS + extra, tuple(keys)))
+    sim = Simulation(pool("4xCP2+2xCP4+CP8", model, blocks_per_gpu=3), Routed())
+    ex = Executor(sim, ExecutorSettings(switch_delay_s=delay))
+    lattice = planner.PlannerSettings(degrees=(1, 2, 4, 8))
+    box = {"state": planner.initial_state(planner.layout_for(sim.pool.composition))}
+    most = [0]
+
+    def act(choice: int, k: int) -> None:
+        state = box["state"]
+        busy = {
+            w
+            for op in state.pending
+            for w in ((op.worker,) if isinstance(op, planner.Split) else op.workers)
+        }
+        started: list[planner.Split | planner.Merge] = []
+        for _ in range(k):
+            cands = [
+                op
+                for op in (
+                    *planner.eligible_splits(state.layout, lattice),
+                    *planner.eligible_merges(state.layout, lattice),
+                )
+                if not busy.intersection(
+                    (op.worker,) if isinstance(op, planner.Split) else op.workers
+                )
+            ]
+            if not cands:
+                break
+            op = cands[(choice + len(started)) % len(cands)]
+            busy.update((op.worker,) if isinstance(op, planner.Split) else op.workers)
+            started.append(op)
+        box["state"] = replace(state, pending=state.pending + tuple(started))
+        for op in started:
+
+            def committed(added: list[int], op=op) -> None:
+                box["state"] = planner.commit(box["state"], added, op)
+
+            ex.execute(op, committed)
+        most[0] = max(most[0], ex.in_flight)
+
+    for t, choice, k in ops:
+        sim.at(t, lambda c=choice, k=k: act(c, k))
+    result = sim.run(requests)
+
+    ids = [c.request_id for c in result.completions]
+    assert len(ids) == len(set(ids)), "a request was served twice"
+    assert sorted(ids) == list(range(len(requests))), "a request was lost"
+    assert result.rejected == []
+    assert not ex.busy and box["state"].pending == ()
+    assert sim.composition.gpus == 24
+    assert box["state"].layout.composition == sim.composition
+    assert result.reconfigurations == len(ex.transitions) == sim.epoch
+    assert ex.max_in_flight == most[0]
+    for c in result.completions:
+        assert 0 <= c.cached_tokens < c.length
+    for w in sim.sim_workers():
+        for key in w.cache.keys_lru_first():
+            assert w.id in sim.trie.nodes[key].holders
+        assert set(w.pending) <= set(w.cache.keys_lru_first())
+    for node in sim.trie.nodes.values():
+        for holder in node.holders:
+            assert sim.has_worker(holder) and node.key in sim.worker(holder).cache
+
+
+def test_concurrent_operations_drain_only_their_own_workers(model: PrefillModel) -> None:
+    # Two merges at t = 1 on disjoint pairs; worker 2 runs a 2.4 s prefill, so
+    # merge (2, 3) waits for it while merge (0, 1) commits after the switch alone.
+    sim = Simulation(pool("4xCP2", model), Routed({0: 2}))
+    ex = Executor(sim, ExecutorSettings(switch_delay_s=0.5))
+    sim.at(1.0, lambda: [ex.execute(planner.Merge((0, 1))), ex.execute(planner.Merge((2, 3)))])
+    with pytest.raises(RuntimeError, match="already being reconfigured"):
+        sim.at(1.1, lambda: ex.execute(planner.Split(2)))
+        sim.run([req(0, 0.9, [1, 2], 60000)])
+    sim2 = Simulation(pool("4xCP2", model), Routed({0: 2}))
+    ex2 = Executor(sim2, ExecutorSettings(switch_delay_s=0.5))
+    sim2.at(1.0, lambda: [ex2.execute(planner.Merge((0, 1))), ex2.execute(planner.Merge((2, 3)))])
+    sim2.run([req(0, 0.9, [1, 2], 60000)])
+    first, second = ex2.transitions
+    assert ex2.max_in_flight == 2
+    assert first.removed == (0, 1) and first.committed_s == pytest.approx(1.5)
+    assert second.removed == (2, 3) and second.drained_s > 3.0  # the 60K-token prefill
+    assert sim2.epoch == 2 and str(sim2.composition) == "2xCP4"

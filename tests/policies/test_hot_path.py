@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vertumnus.core import placement
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.inflight import InflightPrefixes, merge_matches
-from vertumnus.core import placement
 from vertumnus.core.placement import (
     Placement,
     PlacementParams,

@@ -35,6 +35,21 @@ disagree, and a merge is admitted only if the merged composition keeps
 enough capacity for the observed demand. Among eligible operations it picks
 the one with the smallest predicted drain time, then the least expected
 KV-reconciliation traffic, then the lowest worker id (determinism).
+
+**Multi-step transitions** (``PlannerSettings.multi_step``, on by default).
+Once a change is confirmed, the controller does not stop after one operation
+and wait for the next window: it picks a **target** — the lattice point the
+same rules reach when the confirming windows' demand and long share are held
+fixed (:func:`plan_target`; every step must be asked for by *every*
+confirming window, so the target is only as far as all of them agree) — and
+returns the operations toward it that can start now: ops on disjoint
+workers, at most ``max_concurrent_ops`` in flight, and never so many that
+the workers left serving would run above ``transition_admit`` utilization
+of the confirming demand (one op alone is always allowed, as in the
+one-step controller). After each commit the executor calls
+:func:`advance`, which hands out the next operations toward the same
+target, so a phase change costs seconds (drain + switch per op, chained)
+instead of one window per step.
 """
 
 from __future__ import annotations
@@ -53,11 +68,13 @@ __all__ = [
     "HistoryRequest",
     "Layout",
     "Merge",
+    "Op",
     "PlannerSettings",
     "Slot",
     "Split",
     "WindowObservation",
     "WorkerObservation",
+    "advance",
     "commit",
     "domain_partitions",
     "eligible_merges",
@@ -68,6 +85,7 @@ __all__ = [
     "large_share",
     "layout_for",
     "neighbours",
+    "plan_target",
     "step",
 ]
 
@@ -81,8 +99,9 @@ __all__ = [
 class PlannerSettings:
     """How the composition controller reads its windows. Defaults: docs/benchmarks/adaptive.md."""
 
-    window_s: float = 30.0
-    """H: length of one observation window, seconds."""
+    window_s: float = 20.0
+    """H: length of one observation window, seconds (20 s since multi-step
+    transitions; 30 s for the one-step controller, docs/benchmarks/adaptive.md)."""
     upper: float = 0.9
     """Split when utilization u = D/(H·K) stays above this (0 < lower < upper)."""
     lower: float = 0.45
@@ -98,6 +117,23 @@ class PlannerSettings:
     as every window since still asks for it: the persistence test guards
     against acting on noise, and this change has already passed it. One
     window that asks for anything else ends the follow-through."""
+    multi_step: bool = True
+    """Move to the target composition in one decision (module docstring): the
+    controller returns every operation toward the target that may start now,
+    and :func:`advance` hands out the rest as operations commit. False: one
+    operation per decision, the next one only at a later window."""
+    max_walk: int = 16
+    """The most operations one planner call looks ahead toward the target. A
+    target further away is reached in legs: :func:`advance` plans the next leg
+    as the last one commits. Bounds one call's cost on very large pools; on a
+    40-GPU CP4/CP8 lattice (at most 5 operations apart) it never binds."""
+    max_concurrent_ops: int = 4
+    """Operations in flight at once (on disjoint workers) in a multi-step transition."""
+    transition_admit: float = 0.9
+    """A second (third, ...) concurrent operation starts only if the workers
+    that stay in service keep the confirming demand at or below this
+    utilization: capacity precedence during the transition. The first
+    operation is never held back by it (the one-step controller's rule)."""
     long_threshold: int = 32768
     """A request longer than this many tokens counts as long."""
     mix_margin: float = 0.2
@@ -131,6 +167,12 @@ class PlannerSettings:
             raise ValueError("persist_windows must be >= 1")
         if self.mix_margin <= 0:
             raise ValueError("mix_margin must be > 0")
+        if self.max_walk < 1:
+            raise ValueError("max_walk must be >= 1")
+        if self.max_concurrent_ops < 1:
+            raise ValueError("max_concurrent_ops must be >= 1")
+        if self.transition_admit <= 0:
+            raise ValueError("transition_admit must be > 0")
         if not self.degrees or any(d < 1 or d > self.domain_size for d in self.degrees):
             raise ValueError(f"degrees {self.degrees} must lie in 1..{self.domain_size}")
         if not 0 < self.history_quantile <= 1:
@@ -454,7 +496,11 @@ class Merge:
     reason: str = ""
 
 
-Decision = Split | Merge | None
+Op = Split | Merge
+
+
+def _members(op: Op) -> tuple[int, ...]:
+    return (op.worker,) if isinstance(op, Split) else op.workers
 
 
 @dataclass(frozen=True)
@@ -469,8 +515,16 @@ class ControllerState:
     """Consecutive windows that asked for a merge."""
     momentum: str | None = None
     """``"split"`` or ``"merge"`` while following through a confirmed change."""
-    pending: Split | Merge | None = None
-    """The decision handed to the executor and not yet committed."""
+    pending: tuple[Op, ...] = ()
+    """Operations handed to the executor and not yet committed (disjoint workers)."""
+    confirming: tuple[WindowObservation, ...] = ()
+    """The windows of the current streak (demand only, no worker detail), newest
+    last, at most ``persist_windows`` of them."""
+    target: Composition | None = None
+    """Where the transition in progress is heading (multi-step), else None."""
+    plan: tuple[WindowObservation, ...] = ()
+    """The windows that confirmed the transition in progress: :func:`advance`
+    walks on with their demand."""
     history: tuple[str, ...] = field(default=(), compare=False)
     """Why each past decision was taken (for reports)."""
 
@@ -498,28 +552,228 @@ def eligible_merges(layout: Layout, settings: PlannerSettings) -> list[Merge]:
 
 
 def _rank(
-    ops: Sequence[Split | Merge], obs: WindowObservation, settings: PlannerSettings
-) -> Split | Merge | None:
+    ops: Sequence[Op], workers: Sequence[WorkerObservation], settings: PlannerSettings
+) -> Op | None:
     """Smallest predicted drain, then least reconciliation traffic, then lowest id."""
     if not ops:
         return None
-    by_worker = {w.worker: w for w in obs.workers}
+    by_worker = {w.worker: w for w in workers}
 
-    def members(op: Split | Merge) -> tuple[int, ...]:
-        return (op.worker,) if isinstance(op, Split) else op.workers
-
-    def drain(op: Split | Merge) -> float:
+    def drain(op: Op) -> float:
         # Queued requests are re-placed elsewhere; only the running prefill is waited for.
         return max(
-            (by_worker[w].running_remaining_s if w in by_worker else 0.0) for w in members(op)
+            (by_worker[w].running_remaining_s if w in by_worker else 0.0) for w in _members(op)
         )
 
-    def traffic(op: Split | Merge) -> float:
-        return sum(by_worker[w].reuse_weight if w in by_worker else 0.0 for w in members(op))
+    def traffic(op: Op) -> float:
+        return sum(by_worker[w].reuse_weight if w in by_worker else 0.0 for w in _members(op))
 
     shortest = min(drain(op) for op in ops)
     near = [op for op in ops if drain(op) <= shortest + settings.drain_tie_s]
-    return min(near, key=lambda op: (traffic(op), drain(op), min(members(op))))
+    return min(near, key=lambda op: (traffic(op), drain(op), min(_members(op))))
+
+
+def _signal(
+    k_cap: float,
+    k_large: float,
+    load: WindowObservation,
+    settings: PlannerSettings,
+) -> tuple[str | None, str]:
+    """What one window asks of a composition with capacity ``k_cap`` (``k_large`` of it
+    in largest-degree workers): ``"split"``, ``"merge"`` or None, and why. See :func:`step`."""
+    u = load.demand_s / (settings.window_s * k_cap) if k_cap > 0 else math.inf
+    if u > settings.upper:
+        return "split", f"utilization {u:.2f} > {settings.upper}"
+    if u < settings.lower:
+        return "merge", f"utilization {u:.2f} < {settings.lower}"
+    if load.requests >= settings.min_requests:
+        s_long = load.long_share
+        c_large = k_large / k_cap if k_cap > 0 else 0.0
+        if s_long > c_large + settings.mix_margin:
+            return "merge", f"long share {s_long:.2f} > large-degree share {c_large:.2f}"
+        if s_long < c_large - settings.mix_margin:
+            return "split", f"long share {s_long:.2f} < large-degree share {c_large:.2f}"
+    return None, ""
+
+
+def _capacities(
+    degrees: Iterable[int], capacity: CapacityProfile, settings: PlannerSettings
+) -> tuple[float, float]:
+    degs = list(degrees)
+    large = max(settings.degrees)
+    return capacity.capacity_per_s(degs), capacity.capacity_per_s(d for d in degs if d >= large)
+
+
+def _merge_admitted(
+    k_cap: float,
+    degree: int,
+    loads: Sequence[WindowObservation],
+    capacity: CapacityProfile,
+    settings: PlannerSettings,
+) -> bool:
+    """A merge of two degree-``degree`` workers keeps D/(H·K') ≤ merge_admit for every load."""
+    k_after = k_cap - 2 * capacity.kappa(degree) + capacity.kappa(2 * degree)
+    return all(w.demand_s <= settings.merge_admit * settings.window_s * k_after for w in loads)
+
+
+def _apply(slots: Sequence[Slot], op: Op, new_ids: Sequence[int]) -> list[Slot]:
+    """``slots`` after ``op``, the new workers taking ``new_ids`` (split: lower offset first)."""
+    by_id = {s.worker: s for s in slots}
+    out = [s for s in slots if s.worker not in _members(op)]
+    if isinstance(op, Split):
+        old = by_id[op.worker]
+        half = old.degree // 2
+        out += [
+            Slot(new_ids[0], half, old.domain, old.offset),
+            Slot(new_ids[1], half, old.domain, old.offset + half),
+        ]
+    else:
+        a, b = (by_id[w] for w in op.workers)
+        lo = a if a.offset < b.offset else b
+        out.append(Slot(new_ids[0], 2 * a.degree, lo.domain, lo.offset))
+    out.sort(key=lambda s: (s.domain, s.offset))
+    return out
+
+
+def _walk(
+    layout: Layout,
+    pending: Sequence[Op],
+    loads: Sequence[WindowObservation],
+    direction: str,
+    capacity: CapacityProfile,
+    settings: PlannerSettings,
+    workers: Sequence[WorkerObservation],
+    *,
+    target: Composition | None = None,
+    limit: int | None = None,
+) -> tuple[list[Op], Composition]:
+    """Follow the controller's rules from ``layout`` with ``loads`` held fixed.
+
+    ``pending`` operations are applied first (their new workers get virtual,
+    negative ids below every real one). Each step takes one operation in
+    ``direction`` while *every* load still asks for that direction at the
+    composition reached so far (for a merge: among the merges admitted for
+    every load), ranked as in :func:`_rank`, operations on workers that exist
+    now before those on workers still to be created. Stops where the rules
+    stop asking, at ``target``, or after ``limit`` operations. Returns the
+    operations in order and the composition they lead to.
+    """
+    slots = list(layout.slots)
+    next_id = min([0, *(s.worker for s in slots)]) - 1
+
+    def fresh(n: int) -> list[int]:
+        nonlocal next_id
+        ids = [next_id - i for i in range(n)]
+        next_id -= n
+        return ids
+
+    for op in pending:
+        slots = _apply(slots, op, fresh(2 if isinstance(op, Split) else 1))
+    busy = {w for op in pending for w in _members(op)}
+    real = {s.worker for s in layout.slots} - busy
+    k_cap, k_large = _capacities((s.degree for s in slots), capacity, settings)
+    large = max(settings.degrees)
+    allowed = set(settings.degrees)
+    ops: list[Op] = []
+    for _ in range(layout.composition.gpus):
+        if limit is not None and len(ops) >= limit:
+            break
+        comp = Composition(tuple(s.degree for s in slots))
+        if target is not None and comp == target:
+            break
+        if any(_signal(k_cap, k_large, w, settings)[0] != direction for w in loads):
+            break
+        lay = Layout(tuple(slots), layout.domain_size)
+        cands: list[Op]
+        if direction == "split":
+            cands = [
+                Split(s.worker) for s in slots if s.degree % 2 == 0 and s.degree // 2 in allowed
+            ]
+        else:
+            degree_of = {s.worker: s.degree for s in slots}
+            ok = {
+                d: _merge_admitted(k_cap, d, loads, capacity, settings)
+                for d in set(degree_of.values())
+                if 2 * d in allowed
+            }
+            cands = [
+                Merge((a.worker, b.worker))
+                for a, b in _buddy_pairs(lay, allowed)
+                if ok.get(a.degree, False)
+            ]
+        now = [op for op in cands if all(w in real for w in _members(op))]
+        best = _rank(now or cands, workers, settings)
+        if best is None:
+            break
+        op = best
+        ops.append(op)
+        gone = [s.degree for s in slots if s.worker in _members(op)]
+        slots = _apply(slots, op, fresh(2 if isinstance(op, Split) else 1))
+        d = gone[0]
+        if isinstance(op, Split):
+            k_cap += 2 * capacity.kappa(d // 2) - capacity.kappa(d)
+            k_large += (2 * capacity.kappa(d // 2) if d // 2 >= large else 0.0) - (
+                capacity.kappa(d) if d >= large else 0.0
+            )
+        else:
+            k_cap += capacity.kappa(2 * d) - 2 * capacity.kappa(d)
+            k_large += (capacity.kappa(2 * d) if 2 * d >= large else 0.0) - (
+                2 * capacity.kappa(d) if d >= large else 0.0
+            )
+    return ops, Composition(tuple(s.degree for s in slots))
+
+
+def plan_target(
+    layout: Layout,
+    loads: Sequence[WindowObservation],
+    direction: str,
+    capacity: CapacityProfile,
+    settings: PlannerSettings,
+) -> Composition:
+    """The lattice point the rules lead to from ``layout`` when ``loads`` stay as they are.
+
+    One step at a time in ``direction`` (``"split"`` or ``"merge"``), each
+    asked for by every load (capacity first, then the long share; merges only
+    if admitted for every load), until the rules stop asking or no operation
+    remains. This is the target of a multi-step transition.
+    """
+    return _walk(layout, (), loads, direction, capacity, settings, ())[1]
+
+
+def _startable(
+    ops: Sequence[Op],
+    layout: Layout,
+    pending: Sequence[Op],
+    loads: Sequence[WindowObservation],
+    capacity: CapacityProfile,
+    settings: PlannerSettings,
+) -> tuple[Op, ...]:
+    """The leading operations of ``ops`` that may start now, next to ``pending``.
+
+    Only operations on workers that exist and are not already taking part;
+    at most ``max_concurrent_ops`` in flight; and an operation joins others
+    in flight only if the workers left serving keep the largest of ``loads``
+    at or below ``transition_admit`` utilization (capacity precedence during
+    the transition).
+    """
+    degree_of = {s.worker: s.degree for s in layout.slots}
+    out = {w for op in pending for w in _members(op)}
+    k_total = capacity.capacity_per_s(degree_of.values())
+    d_max = max((w.demand_s for w in loads), default=0.0)
+    chosen: list[Op] = []
+    for op in ops:
+        ms = _members(op)
+        if any(w not in degree_of or w in out for w in ms):
+            continue  # acts on a worker still to be created or already in flight
+        if len(pending) + len(chosen) >= settings.max_concurrent_ops:
+            break
+        if pending or chosen:
+            k_avail = k_total - capacity.capacity_per_s(degree_of[w] for w in out | set(ms))
+            if k_avail <= 0 or d_max > settings.transition_admit * settings.window_s * k_avail:
+                break
+        chosen.append(op)
+        out.update(ms)
+    return tuple(chosen)
 
 
 def step(
@@ -527,8 +781,8 @@ def step(
     obs: WindowObservation,
     capacity: CapacityProfile,
     settings: PlannerSettings,
-) -> tuple[ControllerState, Split | Merge | None]:
-    """One window: the new state and the decision (None, a Split or a Merge).
+) -> tuple[ControllerState, tuple[Op, ...]]:
+    """One window: the new state and the operations to start now (empty: none).
 
     Signals, in order of precedence:
 
@@ -552,103 +806,157 @@ def step(
     window suffices for the next step the same way). A merge is admitted only if D/(H·K') ≤
     ``merge_admit`` for the merged capacity K' — otherwise the window counts
     as asking for nothing (capacity wins). While a transition is in
-    progress (``obs.reconfiguring`` or an uncommitted decision) the
+    progress (``obs.reconfiguring`` or uncommitted operations) the
     controller only keeps its streaks at zero.
+
+    Once a change is confirmed: with ``multi_step`` off, the best-ranked
+    operation (one); with it on, the target is where the rules lead with the
+    streak's windows held fixed (:func:`plan_target`), and the result is every
+    operation toward it that may start now (:func:`_startable`); the
+    executor reports each commit with :func:`commit` and asks for the next
+    ones with :func:`advance`.
     """
-    if obs.reconfiguring or state.pending is not None:
-        return replace(state, split_streak=0, merge_streak=0), None
+    if obs.reconfiguring or state.pending:
+        return replace(state, split_streak=0, merge_streak=0, confirming=()), ()
+    if state.target is not None or state.plan:
+        # A transition nobody advanced (an executor without :func:`advance`): over.
+        state = replace(state, target=None, plan=())
 
-    h = settings.window_s
-    degrees = [s.degree for s in state.layout.slots]
-    k_cap = capacity.capacity_per_s(degrees)
-    u = obs.demand_s / (h * k_cap) if k_cap > 0 else math.inf
-
-    want: str | None = None
-    reason = ""
-    if u > settings.upper:
-        want, reason = "split", f"utilization {u:.2f} > {settings.upper}"
-    elif u < settings.lower:
-        want, reason = "merge", f"utilization {u:.2f} < {settings.lower}"
-    elif obs.requests >= settings.min_requests:
-        s_long = obs.long_share
-        c_large = large_share(degrees, capacity, max(settings.degrees))
-        if s_long > c_large + settings.mix_margin:
-            want, reason = "merge", f"long share {s_long:.2f} > large-degree share {c_large:.2f}"
-        elif s_long < c_large - settings.mix_margin:
-            want, reason = "split", f"long share {s_long:.2f} < large-degree share {c_large:.2f}"
-
-    op: Split | Merge | None = None
+    k_cap, k_large = _capacities((s.degree for s in state.layout.slots), capacity, settings)
+    want, reason = _signal(k_cap, k_large, obs, settings)
     if want == "merge":
-        # A merge of two degree-d workers changes K by κ_2d − 2κ_d (O(1) per candidate).
-        degree_of = {s.worker: s.degree for s in state.layout.slots}
-        admitted = []
-        for m in eligible_merges(state.layout, settings):
-            d = degree_of[m.workers[0]]
-            k_after = k_cap - 2 * capacity.kappa(d) + capacity.kappa(2 * d)
-            if obs.demand_s <= settings.merge_admit * h * k_after:
-                admitted.append(m)
-        if not admitted:
+        allowed = set(settings.degrees)
+        if not any(
+            _merge_admitted(k_cap, a.degree, (obs,), capacity, settings)
+            for a, _ in _buddy_pairs(state.layout, allowed)
+        ):
             want = None  # capacity wins: the merged pool could not carry this demand
-        else:
-            op = _rank(admitted, obs, settings)
-    elif want == "split":
-        op = _rank(eligible_splits(state.layout, settings), obs, settings)
-        if op is None:
-            want = None  # nothing left to split
+    elif want == "split" and not eligible_splits(state.layout, settings):
+        want = None  # nothing left to split
 
+    load = WindowObservation(obs.demand_s, obs.requests, obs.long_requests, obs.long_demand_s)
     split_streak = state.split_streak + 1 if want == "split" else 0
     merge_streak = state.merge_streak + 1 if want == "merge" else 0
+    streak = max(split_streak, merge_streak)
+    confirming = (
+        (state.confirming + (load,))[-min(streak, settings.persist_windows) :] if streak else ()
+    )
     momentum = state.momentum if want == state.momentum else None
-    new = replace(state, split_streak=split_streak, merge_streak=merge_streak, momentum=momentum)
+    new = replace(
+        state,
+        split_streak=split_streak,
+        merge_streak=merge_streak,
+        momentum=momentum,
+        confirming=confirming,
+    )
     needed = 1 if momentum is not None and settings.follow_through else settings.persist_windows
-    if op is not None and max(split_streak, merge_streak) >= needed:
-        op = replace(op, reason=reason)
-        new = replace(
-            new,
-            split_streak=0,
-            merge_streak=0,
-            pending=op,
-            momentum=want,
-            history=state.history + (reason,),
+    if want is None or streak < needed:
+        return new, ()
+    if settings.multi_step:
+        loads = confirming
+        walk, target = _walk(
+            state.layout, (), loads, want, capacity, settings, obs.workers, limit=settings.max_walk
         )
-        return new, op
-    return new, None
+        ops = _startable(walk, state.layout, (), loads, capacity, settings)
+        why = f"{reason}; target {target}"
+    else:
+        loads = (load,)
+        walk, target = _walk(
+            state.layout, (), loads, want, capacity, settings, obs.workers, limit=1
+        )
+        ops = tuple(walk)
+        why = reason
+    if not ops:
+        return new, ()  # not every confirming window admits the first step yet
+    ops = tuple(replace(op, reason=why) for op in ops)
+    new = replace(
+        new,
+        split_streak=0,
+        merge_streak=0,
+        confirming=(),
+        pending=ops,
+        momentum=want,
+        target=target if settings.multi_step else None,
+        plan=loads if settings.multi_step else (),
+        history=state.history + (why,),
+    )
+    return new, ops
 
 
-def commit(state: ControllerState, new_workers: Sequence[int]) -> ControllerState:
-    """The executor carried out ``state.pending``; ``new_workers`` are the ids it created.
+def advance(
+    state: ControllerState,
+    workers: Sequence[WorkerObservation],
+    capacity: CapacityProfile,
+    settings: PlannerSettings,
+) -> tuple[ControllerState, tuple[Op, ...]]:
+    """After a commit: the next operations of the transition in progress (empty: none now).
+
+    Walks on from the current layout (operations still in flight applied)
+    with the confirming windows' demand, as far as the rules ask (at most
+    ``max_walk`` operations ahead; ``state.target`` is updated to where this
+    leg ends), and returns what may start now next to what is in flight
+    (:func:`_startable`). When nothing is in flight and nothing is left to
+    do, the transition is over (``target`` and ``plan`` cleared).
+    ``workers`` rank the candidates as in :func:`step`.
+    """
+    if not state.plan or state.momentum is None:
+        return state, ()
+    walk, target = _walk(
+        state.layout,
+        state.pending,
+        state.plan,
+        state.momentum,
+        capacity,
+        settings,
+        workers,
+        limit=settings.max_walk,
+    )
+    state = replace(state, target=target)
+    ops = _startable(walk, state.layout, state.pending, state.plan, capacity, settings)
+    if not ops:
+        if not state.pending:
+            return replace(state, target=None, plan=()), ()
+        return state, ()
+    reason = (
+        state.pending[0].reason if state.pending else (state.history[-1] if state.history else "")
+    )
+    ops = tuple(replace(op, reason=reason) for op in ops)
+    return replace(state, pending=state.pending + ops), ops
+
+
+def commit(
+    state: ControllerState, new_workers: Sequence[int], op: Op | None = None
+) -> ControllerState:
+    """The executor carried out ``op`` (default: the only pending one); ``new_workers`` are
+    the ids it created.
 
     A split creates two workers (the first takes the lower offset), a merge
-    one. Returns the state under the next epoch with the layout updated.
+    one. Returns the state under the next epoch with the layout updated;
+    other pending operations stay pending.
     """
-    op = state.pending
     if op is None:
-        raise ValueError("no reconfiguration is pending")
-    slots = list(state.layout.slots)
-    if isinstance(op, Split):
-        if len(new_workers) != 2:
-            raise ValueError(f"a split creates two workers, got {list(new_workers)}")
-        old = state.layout.slot(op.worker)
-        half = old.degree // 2
-        slots.remove(old)
-        slots += [
-            Slot(new_workers[0], half, old.domain, old.offset),
-            Slot(new_workers[1], half, old.domain, old.offset + half),
-        ]
-    else:
-        if len(new_workers) != 1:
-            raise ValueError(f"a merge creates one worker, got {list(new_workers)}")
-        a, b = (state.layout.slot(w) for w in op.workers)
-        lo = a if a.offset < b.offset else b
-        slots.remove(a)
-        slots.remove(b)
-        slots.append(Slot(new_workers[0], 2 * a.degree, lo.domain, lo.offset))
-    slots.sort(key=lambda s: (s.domain, s.offset))
+        if len(state.pending) != 1:
+            raise ValueError(
+                "no reconfiguration is pending"
+                if not state.pending
+                else "several operations are pending: say which one committed"
+            )
+        op = state.pending[0]
+    if op not in state.pending:
+        raise ValueError(f"{op} is not pending")
+    if isinstance(op, Split) and len(new_workers) != 2:
+        raise ValueError(f"a split creates two workers, got {list(new_workers)}")
+    if isinstance(op, Merge) and len(new_workers) != 1:
+        raise ValueError(f"a merge creates one worker, got {list(new_workers)}")
+    slots = _apply(state.layout.slots, op, new_workers)
+    rest = list(state.pending)
+    rest.remove(op)
     return replace(
         state,
         layout=Layout(tuple(slots), state.layout.domain_size),
         epoch=state.epoch + 1,
-        pending=None,
+        pending=tuple(rest),
         split_streak=0,
         merge_streak=0,
+        confirming=(),
     )

@@ -37,6 +37,7 @@ controller ticking every window, the executor, cost-model placement.
 
 from __future__ import annotations
 
+import functools
 import math
 import time  # only to measure the planner's own cost per decision
 from collections.abc import Callable, Iterable, Sequence
@@ -139,13 +140,31 @@ def _fill(cache: BlockCache, paths: Iterable[tuple[int, ...]]) -> CacheDelta:
 
 
 class Executor:
-    """Carries out one planner decision at a time on a Simulation."""
+    """Carries out planner operations on a Simulation, several at once if they are disjoint.
+
+    Each operation drains only its own workers, switches and commits under
+    its own configuration epoch; operations in flight together must not
+    share a worker (the planner guarantees it; the executor checks).
+    """
 
     def __init__(self, sim: Simulation, settings: ExecutorSettings | None = None) -> None:
         self.sim = sim
         self.settings = settings or ExecutorSettings()
-        self.busy = False
+        self._in_flight: dict[int, planner.Op] = {}
+        """Worker id -> the operation it is taking part in."""
         self.transitions: list[Transition] = []
+        self.max_in_flight = 0
+        """The most operations that were ever in flight at once."""
+
+    @property
+    def busy(self) -> bool:
+        """Some operation is in flight."""
+        return bool(self._in_flight)
+
+    @property
+    def in_flight(self) -> int:
+        """Operations in flight now."""
+        return len({id(op) for op in self._in_flight.values()})
 
     def execute(
         self,
@@ -153,19 +172,21 @@ class Executor:
         on_commit: Callable[[list[int]], None] | None = None,
     ) -> None:
         """Start ``op`` now; ``on_commit(new worker ids)`` runs at the commit."""
-        if self.busy:
-            raise RuntimeError("a reconfiguration is already in progress")
         members = [op.worker] if isinstance(op, planner.Split) else list(op.workers)
         for wid in members:
             if not self.sim.has_worker(wid):
                 raise ValueError(f"worker {wid} is not in the pool")
+            if wid in self._in_flight:
+                raise RuntimeError(f"worker {wid} is already being reconfigured")
         if isinstance(op, planner.Merge):
             a, b = (self.sim.worker(w) for w in members)
             if a.degree != b.degree:
                 raise ValueError(f"cannot merge degrees {a.degree} and {b.degree}")
         elif self.sim.worker(op.worker).degree % 2:
             raise ValueError(f"cannot split odd degree {self.sim.worker(op.worker).degree}")
-        self.busy = True
+        for wid in members:
+            self._in_flight[wid] = op
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
         started = self.sim.now
 
         def drained() -> None:
@@ -192,7 +213,8 @@ class Executor:
         else:
             added = self._merge(olds[0], olds[1])
         sim.commit_epoch(members, added)
-        self.busy = False
+        for wid in members:
+            del self._in_flight[wid]
         self.transitions.append(
             Transition(
                 kind="split" if isinstance(op, planner.Split) else "merge",
@@ -282,6 +304,9 @@ class Executor:
 class AdaptiveController:
     """Feeds the pure controller one observation per window and runs its decisions.
 
+    After every commit it calls :func:`~vertumnus.core.planner.advance` and
+    starts what that returns (the next operations of a multi-step transition).
+
     Windows are ``[k·H, (k+1)·H)``; a request counts in the window it arrived
     in, with the Ê of its first placement (re-placement after a drain does not
     count it twice). Ticks stop after ``horizon_s`` so the run can end.
@@ -305,6 +330,8 @@ class AdaptiveController:
         self.windows: list[dict[str, Any]] = []
         """Per window: end time, demand, utilization, long fraction, decision."""
         self.decision_cost_s: list[float] = []
+        self.advance_cost_s: list[float] = []
+        """Planner time per :func:`~vertumnus.core.planner.advance` call (after each commit)."""
         self._seen: set[int] = set()
         self._demand = 0.0
         self._requests = 0
@@ -345,7 +372,7 @@ class AdaptiveController:
     def _tick(self) -> None:
         obs = self.observation()
         t0 = time.perf_counter()
-        self.state, op = planner.step(self.state, obs, self.capacity, self.settings)
+        self.state, ops = planner.step(self.state, obs, self.capacity, self.settings)
         self.decision_cost_s.append(time.perf_counter() - t0)
         k_cap = self.capacity.capacity_per_s(s.degree for s in self.state.layout.slots)
         self.windows.append(
@@ -356,19 +383,31 @@ class AdaptiveController:
                 "requests": obs.requests,
                 "long_fraction": obs.long_fraction,
                 "long_share": obs.long_share,
-                "decision": None if op is None else type(op).__name__.lower(),
+                "decision": None if not ops else type(ops[0]).__name__.lower(),
+                "operations": len(ops),
+                "target": None if self.state.target is None else str(self.state.target),
             }
         )
         self._demand, self._requests, self._long, self._long_demand = 0.0, 0, 0, 0.0
         for w in self.sim.sim_workers():
             w.reused_blocks *= 0.5  # "recent" access: halve per window
-        if op is not None:
-            self.executor.execute(op, self._committed)
+        self._start(ops)
         if self.sim.now + self.settings.window_s <= self.horizon_s:
             self.sim.at(self.sim.now + self.settings.window_s, self._tick)
 
-    def _committed(self, added: list[int]) -> None:
-        self.state = planner.commit(self.state, added)
+    def _start(self, ops: Sequence[planner.Op]) -> None:
+        for op in ops:
+            self.executor.execute(op, functools.partial(self._committed, op))
+
+    def _committed(self, op: planner.Op, added: list[int]) -> None:
+        """One operation committed: record it, then ask for the next ones of its transition."""
+        self.state = planner.commit(self.state, added, op)
+        t0 = time.perf_counter()
+        self.state, more = planner.advance(
+            self.state, self.observation().workers, self.capacity, self.settings
+        )
+        self.advance_cost_s.append(time.perf_counter() - t0)
+        self._start(more)
 
 
 def history_requests(trace: Trace, history_s: float | None) -> list[planner.HistoryRequest]:
