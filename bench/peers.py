@@ -21,6 +21,12 @@ synthetic workload (``load_trace("synthetic")``, 10 minutes, seed 0).
   bisects; every probe is printed;
 - **moderate**: 0.75 × the high scale.
 
+``vertumnus-adaptive`` (the composition planner and the cache manager on,
+``--adaptive``) runs on the same 40 GPUs and workloads from the planner's own
+initial composition, changing it as the load moves; it appears in both
+pools' tables (one run per workload, shared when the loads coincide) and is
+compared with the best peer on that pool.
+
 Each run is one ``Simulation`` (``vertumnus.sim.engine``) with the settings
 of ``vertumnus.sim.runner.RunSettings`` (1000 cache blocks per GPU,
 T_ext = 0.05 s, SLO rule 5× / 2 s) and the bundled ``qwen3-30b-a3b/h200``
@@ -67,7 +73,10 @@ POLICIES: dict[str, str] = {
         )
     },
 }
+ADAPTIVE = "vertumnus-adaptive"
+"""Not bound to a pool: the planner picks and changes the composition of RunSettings.gpus GPUs."""
 PEERS = [p for p in POLICIES if p != "vertumnus"]
+OURS = ("vertumnus", ADAPTIVE)
 
 
 @cache
@@ -89,8 +98,11 @@ def run_one(task: tuple[str, str, str, float]) -> dict[str, Any]:
     policy_name, pool, wl, scale = task
     trace = workload(wl, scale)
     settings = RunSettings(model=load_model(), seed=SEED)
-    kind = POLICIES[policy_name]
-    sim = KINDS[kind].build(PolicySpec(kind, Composition.parse(pool)), trace, settings)
+    if policy_name == ADAPTIVE:
+        sim = KINDS[ADAPTIVE].build(PolicySpec(ADAPTIVE, None), trace, settings)
+    else:
+        kind = POLICIES[policy_name]
+        sim = KINDS[kind].build(PolicySpec(kind, Composition.parse(pool)), trace, settings)
     t0 = time.perf_counter()
     result = sim.run(trace.requests)
     wall = time.perf_counter() - t0
@@ -126,6 +138,7 @@ def run_one(task: tuple[str, str, str, float]) -> dict[str, Any]:
             "mean_ttft_short_s": float(ttft[~long].mean()),
             "mean_busy": {k: float(np.mean(v)) for k, v in sorted(busy_by_degree.items())},
         },
+        reconfigurations=result.reconfigurations,
         completed_once=len(result.completions) == len({c.request_id for c in result.completions}) == len(trace),
         wall_s=wall,
     )
@@ -180,7 +193,7 @@ def find_high_scale(pool: str, ex: ProcessPoolExecutor, log: list[str]) -> float
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    peers = [r for r in rows if r["policy"] != "vertumnus"]
+    peers = [r for r in rows if r["policy"] not in OURS]
     best_mean = min(r["mean_ttft_s"] for r in peers)
     best_p90 = min(r["p90_ttft_s"] for r in peers)
     out = [
@@ -188,7 +201,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(rows, key=lambda r: r["mean_ttft_s"]):
-        name = f"**{r['policy']}**" if r["policy"] == "vertumnus" else r["policy"]
+        name = f"**{r['policy']}**" if r["policy"] in OURS else r["policy"]
         out.append(
             f"| {name} | {r['mean_ttft_s']:.3f} | {r['p90_ttft_s']:.3f} | {r['p99_ttft_s']:.3f} | "
             f"{r['slo_attainment']:.3f} | {r['token_hit_rate']:.3f} | {r['load_imbalance']:.2f} | "
@@ -225,7 +238,7 @@ def plot(results: list[dict[str, Any]], path: Path, workloads: list[tuple[str, s
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(POLICIES)
+    names = [*POLICIES, *([ADAPTIVE] if any(r["policy"] == ADAPTIVE for r in results) else [])]
     fig, axes = plt.subplots(len(POOLS), len(workloads), figsize=(4.2 * len(workloads), 4.4 * len(POOLS)), squeeze=False)
     for i, pool in enumerate(POOLS):
         for j, (label, key) in enumerate(workloads):
@@ -234,7 +247,7 @@ def plot(results: list[dict[str, Any]], path: Path, workloads: list[tuple[str, s
             xs = np.arange(len(names))
             means = [rows[n]["mean_ttft_s"] for n in names]
             p90s = [rows[n]["p90_ttft_s"] for n in names]
-            colors = ["tab:red" if n == "vertumnus" else "tab:gray" for n in names]
+            colors = ["tab:red" if n == "vertumnus" else "tab:orange" if n == ADAPTIVE else "tab:gray" for n in names]
             ax.bar(xs, means, color=colors, label="mean")
             ax.scatter(xs, p90s, marker="_", s=200, color="black", zorder=3, label="P90")
             ax.set_yscale("log")
@@ -257,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", type=Path, default=None)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--high", type=str, default=None, help="skip the sweep: POOL=SCALE,... (e.g. 10xCP4=12)")
+    ap.add_argument("--no-adaptive", action="store_true", help="leave out the vertumnus-adaptive row")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     sweep_log: list[str] = []
@@ -283,8 +297,15 @@ def main(argv: list[str] | None = None) -> int:
                 for name in POLICIES:
                     tasks.append((name, pool, wl, scale))
                     labels.append(label)
-        for label, r in zip(labels, ex.map(run_one, tasks), strict=True):
-            r["label"] = label
+                if not args.no_adaptive:
+                    tasks.append((ADAPTIVE, pool, wl, scale))
+                    labels.append(label)
+        # The adaptive run does not depend on the pool: run each (workload,
+        # scale) once and give both pools' tables the same result.
+        unique = list(dict.fromkeys((n, "-" if n == ADAPTIVE else p, w, sc) for n, p, w, sc in tasks))
+        done = dict(zip(unique, ex.map(run_one, unique), strict=True))
+        for label, (n, p, w, sc) in zip(labels, tasks, strict=True):
+            r = dict(done[(n, "-" if n == ADAPTIVE else p, w, sc)], pool=p, label=label)
             results.append(r)
     wall = time.perf_counter() - t_start
     assert all(r["completed_once"] and r["rejected"] == 0 for r in results), "a run lost or duplicated requests"
