@@ -10,11 +10,14 @@ path), never O(trie).
 Nodes are kept while some worker holds them or they have children; a node
 that loses its last holder and has no children is dropped, and so on upwards.
 The cache manager (``vertumnus.core.cachemanager``) keeps its per-node
-counters on the nodes themselves (``stats``).
+counters on the nodes themselves (``stats``) and learns which nodes were
+dropped from a :class:`RemovalLog` (:meth:`PrefixTrie.removal_log`) instead of
+checking every node it tracks at each scan.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from itertools import takewhile
@@ -41,14 +44,45 @@ class TrieNode:
         return f"TrieNode(depth={self.depth}, holders={sorted(self.holders)})"
 
 
+class RemovalLog:
+    """The nodes a trie dropped (``nodes``, in order) since the consumer last
+    emptied the list.
+
+    A node is dropped when it loses its last holder and has no children; a
+    key that comes back later is a new :class:`TrieNode`. The trie holds its
+    logs weakly, so a consumer that goes away stops being fed.
+    """
+
+    __slots__ = ("nodes", "__weakref__")
+
+    def __init__(self) -> None:
+        self.nodes: list[TrieNode] = []
+
+
 class PrefixTrie:
     """Global index of cached prefixes across workers."""
 
-    __slots__ = ("nodes", "roots")
+    __slots__ = ("nodes", "roots", "_removal_logs")
 
     def __init__(self) -> None:
         self.nodes: dict[int, TrieNode] = {}
         self.roots: dict[int, TrieNode] = {}
+        self._removal_logs: weakref.WeakSet[RemovalLog] | None = None
+
+    def removal_log(self) -> RemovalLog:
+        """A new log that every node this trie drops from now on is appended to.
+
+        For a consumer that keeps state per node (the cache manager's
+        counters) and must forget a node once it leaves, without checking all
+        of its nodes periodically; it empties ``log.nodes`` itself. Only the
+        rare drop path pays for this: lookups, ``stored`` and a ``removed``
+        that keeps the node are unchanged.
+        """
+        log = RemovalLog()
+        if self._removal_logs is None:
+            self._removal_logs = weakref.WeakSet()
+        self._removal_logs.add(log)
+        return log
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -98,6 +132,9 @@ class PrefixTrie:
             del self.nodes[node.key]
             parent = node.parent
             (parent.children if parent is not None else self.roots).pop(node.key, None)
+            if self._removal_logs is not None:
+                for log in self._removal_logs:
+                    log.nodes.append(node)
             node = parent
 
     # -- queries --------------------------------------------------------------

@@ -1,0 +1,342 @@
+"""The scan against a straightforward reference on seeded random tries.
+
+The manager ranks lazily (vectorized bounds, exact keys only for the head
+that the bounded selection reads; ``_Ranking`` in cachemanager.py) and keeps
+its counters in a table decayed by each scan. The reference here keeps plain
+dicts per node, walks every destination's path for each footprint, builds
+the three candidate lists in full and sorts them; both then run the same
+selection (``CacheManager._select``) over the same trie, so every scan must
+produce the same operations, the same heads of the rankings, and
+``candidates()`` the same full lists. The tries change between scans (blocks
+stored and removed, tracked nodes leaving and keys coming back), and
+in-flight copies and reclamations finish at random.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+
+import pytest
+
+from vertumnus.core.cachemanager import (
+    CacheManager,
+    CacheManagerSettings,
+    Candidate,
+    Copy,
+    Reclaim,
+    ScanPlan,
+)
+from vertumnus.core.placement import WorkerState
+from vertumnus.core.trie import PrefixTrie, TrieNode
+
+from .helpers import View, hold
+
+DEGREES = (4, 4, 4, 8, 8)
+
+
+class _RefRanking:
+    """Full candidate lists from plain per-node counters, sorted outright."""
+
+    def __init__(self, mgr: Reference, view: View) -> None:
+        s = mgr.settings
+        workers = [w for w in view.workers if w.available]
+        by_degree: dict[int, list[WorkerState]] = {}
+        for w in workers:
+            by_degree.setdefault(w.degree, []).append(w)
+        covered = set(mgr._covered)
+        copy_dest = set(mgr._copy_dest)
+        inter, intra, reclaim = [], [], []
+        for node, (access, missed) in mgr.live_counters(view.trie):
+            key = node.key
+            for c, peers in by_degree.items():
+                r = sum(1 for w in peers if w.id in node.holders)
+                fps = []
+                for w in peers:
+                    if w.id in node.holders or (key, w.id) in copy_dest:
+                        continue
+                    retained, m = 0, node
+                    while m is not None:
+                        if w.id in m.holders:
+                            retained = m.depth
+                            break
+                        m = m.parent
+                    if node.depth - retained <= s.max_copy_fraction * w.cache_capacity_blocks:
+                        fps.append(node.depth - retained)
+                fp = min(fps) if fps else None
+                a, m_ = access.get(c, 0.0), missed.get(c, 0.0)
+                if r == 0 and m_ > s.theta_inter and (key, c) not in covered and fp is not None:
+                    score = m_ / fp
+                    inter.append(
+                        ((-score, fp, -node.depth, key, c), Candidate(
+                            "inter", key, c, 0, score, fp, node.depth
+                        ))
+                    )
+                if r > 0 and a > r * s.theta_intra and (key, c) not in covered and fp is not None:
+                    score = a / r
+                    tol = s.tie_tolerance
+                    band = math.floor(math.log(score) / math.log1p(tol)) if tol > 0 else score
+                    intra.append(
+                        ((-band, fp, -score, key, c), Candidate(
+                            "intra", key, c, r, score, fp, node.depth
+                        ))
+                    )
+                if r >= s.reclaim_min_replicas and a < r * s.theta_reclaim:
+                    reclaim.append(
+                        ((a / r, -node.depth, key, c), Candidate(
+                            "reclaim", key, c, r, a / r, 0, node.depth
+                        ))
+                    )
+        self.inter_list = [x for _, x in sorted(inter, key=lambda t: t[0])]
+        self.intra_list = [x for _, x in sorted(intra, key=lambda t: t[0])]
+        self.reclaim_list = [x for _, x in sorted(reclaim, key=lambda t: t[0])][
+            : s.reclaim_ranked_per_scan
+        ]
+        self.inter: Iterator[Candidate] = iter(self.inter_list)
+        self.intra: Iterator[Candidate] = iter(self.intra_list)
+
+    def reclaim_head(self) -> list[Candidate]:
+        return list(self.reclaim_list)
+
+
+class Reference(CacheManager):
+    """Counters in plain dicts, decayed eagerly; naive, complete ranking."""
+
+    def __init__(self, settings: CacheManagerSettings) -> None:
+        super().__init__(settings)
+        # by node identity: (node, access, missed, tracked)
+        self.ref: dict[int, tuple[TrieNode, dict[int, float], dict[int, float], list[bool]]] = {}
+
+    def record(self, node: TrieNode, degree: int, access: float = 0.0, missed: float = 0.0) -> None:
+        entry = self.ref.get(id(node))
+        if entry is None or entry[0] is not node:
+            entry = self.ref[id(node)] = (node, {}, {}, [True])
+        entry[3][0] = True
+        if access:
+            entry[1][degree] = entry[1].get(degree, 0.0) + access
+        if missed:
+            entry[2][degree] = entry[2].get(degree, 0.0) + missed
+
+    def live_counters(self, trie: PrefixTrie) -> list[tuple[TrieNode, tuple[dict, dict]]]:
+        return [
+            (node, (a, m))
+            for node, a, m, tracked in self.ref.values()
+            if tracked[0] and trie.nodes.get(node.key) is node
+        ]
+
+    def scan(self, view: View) -> ScanPlan:  # type: ignore[override]
+        ranking = _RefRanking(self, view)
+        plan = ScanPlan(epoch=self.epoch)
+        self._select(plan, view, ranking)  # type: ignore[arg-type]
+        s = self.settings
+        keep_m = s.counter_floor * s.theta_inter / s.decay
+        keep_a = s.counter_floor * s.theta_intra / s.decay
+        for k, (node, a, m, tracked) in list(self.ref.items()):
+            if view.trie.nodes.get(node.key) is not node:
+                del self.ref[k]  # left the trie: a key that comes back starts afresh
+                continue
+            if tracked[0] and not (
+                any(v > keep_a for v in a.values()) or any(v > keep_m for v in m.values())
+            ):
+                tracked[0] = False
+            for d in (a, m):
+                for c in d:
+                    d[c] *= s.decay
+        plan.tracked_nodes = sum(1 for *_, t in self.ref.values() if t[0])
+        self.epoch += 1
+        self.counts["scans"] += 1
+        return plan
+
+    def candidates(self, view: View) -> ScanPlan:  # type: ignore[override]
+        r = _RefRanking(self, view)
+        return ScanPlan(
+            epoch=self.epoch, inter=r.inter_list, intra=r.intra_list, reclaim=r.reclaim_list
+        )
+
+
+def _same(got: list[Candidate], want: list[Candidate], where: tuple) -> None:
+    """Equal lists; scores to rounding (a counter forgotten and then touched
+    again is decayed by decay**k at once, the reference's k times)."""
+    assert [(x.kind, x.key, x.degree, x.replicas, x.footprint, x.depth) for x in got] == [
+        (x.kind, x.key, x.degree, x.replicas, x.footprint, x.depth) for x in want
+    ], where
+    assert [x.score for x in got] == pytest.approx([x.score for x in want], rel=1e-12), where
+
+
+def _scenario(seed: int, wide_keys: bool) -> None:
+    rng = random.Random(seed)
+    settings = CacheManagerSettings(
+        theta_inter=0.5,
+        theta_intra=2.0,
+        theta_reclaim=1.0,
+        tie_tolerance=rng.choice((0.1, 0.25, 0.0)),
+        max_inter_per_scan=rng.choice((1, 2, 3)),
+        max_intra_per_scan=rng.choice((1, 2, 3)),
+        max_reclaim_per_scan=rng.choice((1, 2, 4)),
+        reclaim_ranked_per_scan=rng.choice((2, 5, 64)),
+        reclaim_for_room_only=rng.random() < 0.5,
+        max_copy_fraction=rng.choice((0.3, 1.0)),
+        decay=rng.choice((0.5, 0.8)),
+        counter_floor=rng.choice((0.05, 0.3)),
+    )
+    ws = [
+        WorkerState(id=i, degree=d, cache_capacity_blocks=rng.randint(4, 30))
+        for i, d in enumerate(DEGREES)
+    ]
+    if rng.random() < 0.3:
+        i = rng.randrange(len(ws))
+        ws[i] = WorkerState(id=i, degree=DEGREES[i], available=False, cache_capacity_blocks=10)
+    views = (View(ws, PrefixTrie()), View(ws, PrefixTrie()))
+    mgr, ref = CacheManager(settings), Reference(settings)
+    key_pool = [
+        (-rng.randrange(1 << 70) if wide_keys and rng.random() < 0.3 else rng.randrange(1 << 64))
+        for _ in range(40)
+    ]
+    paths: list[list[int]] = []
+    for step in range(40):
+        # Trie events, identical on both tries.
+        for _ in range(rng.randint(0, 6)):
+            w = rng.randrange(len(ws))
+            if paths and rng.random() < 0.6:
+                base = rng.choice(paths)
+                path = base[: rng.randint(1, len(base))]
+                if rng.random() < 0.5:
+                    path = path + [k for k in rng.sample(key_pool, 2) if k not in path][:1]
+            else:
+                path = [k for k in rng.sample(key_pool, rng.randint(1, 5))]
+                path = list(dict.fromkeys(path))
+            # a key may sit under one parent only
+            t = views[0].trie
+            if any(
+                (n := t.nodes.get(k)) is not None
+                and (n.parent.key if n.parent else None) != (path[i - 1] if i else None)
+                for i, k in enumerate(path)
+            ):
+                continue
+            paths.append(path)
+            for v in views:
+                hold(v.trie, w, path)
+        for _ in range(rng.randint(0, 4)):
+            nodes = [n for n in views[0].trie.nodes.values() if n.holders and not n.children]
+            if not nodes:
+                break
+            leaf = rng.choice(nodes)
+            w = rng.choice(sorted(leaf.holders))
+            for v in views:
+                v.trie.removed(w, leaf.key)
+        # Counters, identical on both.
+        keys = list(views[0].trie.nodes)
+        for _ in range(rng.randint(0, 12)):
+            if not keys:
+                break
+            k = rng.choice(keys)
+            c = rng.choice((4, 8))
+            if rng.random() < 0.5:
+                amount = float(rng.randint(1, 6)) if rng.random() < 0.5 else rng.uniform(0, 6)
+                kw = {"access": amount}
+            else:
+                kw = {"missed": rng.uniform(0, 2)}
+            for m, v in ((mgr, views[0]), (ref, views[1])):
+                m.record(v.trie.nodes[k], c, **kw)
+        if rng.random() < 0.3:
+            full, want = mgr.candidates(views[0]), ref.candidates(views[1])
+            for kind in ("inter", "intra", "reclaim"):
+                _same(getattr(full, kind), getattr(want, kind), (seed, step, kind))
+        got, exp = mgr.scan(views[0]), ref.scan(views[1])
+        assert got.copies == exp.copies and got.reclaims == exp.reclaims, (seed, step)
+        for kind in ("inter", "intra", "reclaim"):
+            _same(getattr(got, kind), getattr(exp, kind), (seed, step, kind))
+        assert got.tracked_nodes == exp.tracked_nodes, (seed, step)
+        for op in got.copies + got.reclaims:
+            assert views[0].trie.nodes.get(op.key) is not None  # never a node that left
+        # Some operations finish (the same ones on both).
+        for m in (mgr, ref):
+            ops: list[Copy | Reclaim] = [*m.copies_in_flight, *m.reclaims_in_flight]
+            r2 = random.Random(seed * 1000 + step)
+            for op in ops:
+                if r2.random() < 0.5:
+                    if isinstance(op, Copy):
+                        m.copy_finished(op, installed=r2.random() < 0.5)
+                    else:
+                        m.reclaim_finished(op, deleted=r2.random() < 0.5)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_scan_matches_full_reference(seed: int) -> None:
+    _scenario(seed, wide_keys=False)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_scan_matches_full_reference_with_keys_beyond_64_bits(seed: int) -> None:
+    _scenario(1000 + seed, wide_keys=True)
+
+
+def test_removed_nodes_leave_the_plan_and_come_back_fresh() -> None:
+    ws = [WorkerState(id=i, degree=d, cache_capacity_blocks=10) for i, d in enumerate((4, 4, 8))]
+    view = View(ws)
+    s = CacheManagerSettings(
+        theta_inter=0.5, theta_intra=2.0, theta_reclaim=1.0, max_copy_fraction=1.0
+    )
+    mgr = CacheManager(s)
+    a, b = hold(view.trie, 0, [1, 2])
+    hold(view.trie, 1, [1])
+    mgr.scan(view)  # subscribed to the trie's removals
+    mgr.record(b, 8, missed=5.0)
+    mgr.record(b, 4, access=9.0)
+    assert [c.key for c in mgr.candidates(view).inter] == [2]
+    view.trie.removed(0, 2)  # node 2 leaves the trie
+    assert 2 not in view.trie.nodes
+    plan = mgr.scan(view)
+    assert plan.inter == [] and plan.intra == [] and not plan.copies
+    assert 2 not in mgr.tracked
+    # The key comes back: a new node, with fresh counters.
+    (b2,) = hold(view.trie, 0, [1, 2])[1:]
+    assert b2 is not b and mgr.counters(b2) == ({}, {})
+    mgr.record(b2, 8, missed=1.0)
+    assert mgr.counters(b2) == ({}, {8: 1.0})
+    assert 2 in mgr.tracked
+    # The old node still answers for its own (last) counters, and recording
+    # into it (a stale reference) never tracks it again.
+    assert mgr.counters(b)[1] == {8: pytest.approx(5.0 * s.decay)}  # one scan since
+    mgr.record(b, 8, missed=1.0)
+    assert mgr.tracked[2] is b2
+
+
+def test_trie_removal_log() -> None:
+    trie = PrefixTrie()
+    log = trie.removal_log()
+    hold(trie, 0, [1, 2, 3])
+    hold(trie, 1, [1])
+    trie.removed(0, 3)
+    trie.removed(0, 2)
+    assert [n.key for n in log.nodes] == [3, 2]
+    trie.removed(0, 1)  # worker 1 still holds it
+    assert len(log.nodes) == 2 and 1 in trie.nodes
+    trie.drop_worker(1)
+    assert [n.key for n in log.nodes] == [3, 2, 1]
+    del log  # held weakly: a consumer that goes away is not fed
+    trie.stored(0, 5, None)
+    trie.removed(0, 5)
+
+
+def test_forgotten_in_place_nodes_give_their_slots_back() -> None:
+    """Many nodes forgotten in place, then many new ones: slots are reused and the
+    forgotten counters follow their nodes (lazily decayed) when touched again."""
+    ws = [WorkerState(id=0, degree=4, cache_capacity_blocks=10)]
+    view = View(ws)
+    s = CacheManagerSettings(decay=0.5, theta_intra=4.0, counter_floor=0.05)
+    mgr = CacheManager(s)
+    first = [hold(view.trie, 0, [k])[0] for k in range(1, 201)]
+    for n in first:
+        mgr.record(n, 4, access=0.25)
+    mgr.scan(view)  # 0.25 < 0.05·4/0.5: all forgotten, counters now 0.125
+    assert len(mgr.tracked) == 0
+    second = [hold(view.trie, 0, [k])[0] for k in range(1001, 1401)]
+    for n in second:
+        mgr.record(n, 4, access=3.0)
+    assert len(mgr.tracked) == 400
+    mgr.scan(view)
+    mgr.record(first[0], 4, access=1.0)
+    assert mgr.counters(first[0])[0] == {4: pytest.approx(1.0625)}
+    assert mgr.counters(second[0])[0] == {4: pytest.approx(1.5)}
