@@ -160,12 +160,15 @@ place_fields(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         || get_double(params, s_beta_busy, &beta_busy))
         return NULL;
 
-    PyObject *seq = PySequence_Fast(workers, "workers must be a sequence");
+    /* A tuple snapshot (a copy unless it already is one): attribute reads
+     * could in principle run Python code that changes the caller's list, and
+     * the candidates below borrow their references from this snapshot. */
+    PyObject *seq = PySequence_Tuple(workers);
     if (seq == NULL)
         return NULL;
     PyObject *result = NULL, *d_map = NULL, *a_map = NULL;
-    Py_ssize_t n_workers = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t n_workers = PyTuple_GET_SIZE(seq);
+    PyObject **items = &PyTuple_GET_ITEM(seq, 0);
     Cand *cands = PyMem_Malloc(sizeof(Cand) * (n_workers ? n_workers : 1));
     DegreeRow rows[MAX_DEGREES];
     int n_rows = 0;
@@ -201,6 +204,7 @@ place_fields(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             r++;
         if (r == n_rows) {
             if (n_rows == MAX_DEGREES) {
+                /* Far beyond any real pool (degrees are powers of two up to a domain). */
                 PyErr_SetString(PyExc_ValueError, "more than 64 distinct worker degrees");
                 goto done;
             }
