@@ -120,10 +120,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         global BASE
         changes = {}
         for item in args.base.split(","):
-            k, v = item.split("=")
-            changes[k.strip()] = (
-                type(getattr(BASE, k.strip()))(v) if v not in ("True", "False") else v == "True"
-            )
+            k, v = (x.strip() for x in item.split("="))
+            cur = getattr(BASE, k)
+            if v in ("True", "False"):
+                changes[k] = v == "True"
+            elif v == "None":
+                changes[k] = None
+            else:
+                changes[k] = float(v) if cur is None else type(cur)(v)
         BASE = replace(BASE, **changes)
     trace, bounds = workload(args.phases, args.seed)
     print(

@@ -18,6 +18,9 @@ mean / P90 TTFT per phase. Run::
 
     python bench/time_varying.py            # ~3-5 min on 2 cores
     python bench/time_varying.py --quick    # one high/low cycle, for a smoke test
+    python bench/time_varying.py --seed 1 --fixed 6xCP4+2xCP8,4xCP4+3xCP8 --out /tmp/tv1
+                                            # another workload draw, the two baselines only
+    python bench/time_varying.py --planner window_s=30   # planner settings changed
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +61,22 @@ GPUS = 40
 
 def workload(spec: str, seed: int) -> tuple[Trace, list[PhaseBoundary]]:
     return apply_phases(load_mooncake(MOONCAKE), spec, seed=seed)
+
+
+def parse_settings(text: str) -> planner.PlannerSettings:
+    """``PlannerSettings`` from ``'name=value,...'`` (empty: the defaults)."""
+    base = planner.PlannerSettings()
+    changes: dict[str, Any] = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        k, v = (x.strip() for x in item.split("="))
+        cur = getattr(base, k)
+        if isinstance(cur, bool):
+            changes[k] = v == "True"
+        elif cur is None or isinstance(cur, float):
+            changes[k] = None if v == "None" else float(v)
+        else:
+            changes[k] = type(cur)(v)
+    return replace(base, **changes)
 
 
 def phase_stats(completions: Sequence[Completion], bounds: Sequence[PhaseBoundary]) -> list[dict]:
@@ -249,7 +269,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=EVAL_SEED)
     ap.add_argument("--quick", action="store_true", help="one high/low cycle of 5-minute phases")
     ap.add_argument("--out", default=str(OUT / "adaptive_time_varying"))
+    ap.add_argument(
+        "--fixed",
+        default="",
+        help="comma-separated fixed compositions to run (default: the whole CP4/CP8 lattice)",
+    )
+    ap.add_argument(
+        "--planner",
+        default="",
+        help="planner settings for the adaptive pool, e.g. 'window_s=30,persist_windows=3'",
+    )
     args = ap.parse_args(argv)
+    control = parse_settings(args.planner)
     spec = (
         "300s:rate=8,long=0.3,name=high;300s:rate=2,long=6,name=low" if args.quick else args.phases
     )
@@ -262,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw: dict[str, SimResult] = {}
     bin_s = 30.0
     end = bounds[-1][1]
-    result, wall, sim = run_adaptive(trace)
+    result, wall, sim = run_adaptive(trace, AdaptiveOptions(control=control))
     policies["vertumnus-adaptive"] = report(result, bounds, wall)
     raw["vertumnus-adaptive"] = result
     controller = sim.attachments["controller"]
@@ -281,7 +312,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{result.reconfigurations} reconfigurations, {wall:.1f} s",
         file=sys.stderr,
     )
-    for comp in planner.enumerate_lattice(GPUS, (4, 8)):
+    fixed_set = (
+        [Composition.parse(c) for c in args.fixed.split(",")]
+        if args.fixed
+        else planner.enumerate_lattice(GPUS, (4, 8))
+    )
+    for comp in fixed_set:
         result, wall = run_fixed(trace, comp)
         name = f"vertumnus:{comp}"
         policies[name] = report(result, bounds, wall)
@@ -295,7 +331,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     best = min(fixed, key=lambda k: fixed[k]["mean_ttft_s"]).split(":", 1)[1]
     data = {
         "date": "2026-11-30",
-        "command": "python bench/time_varying.py" + (" --quick" if args.quick else ""),
+        "command": " ".join(
+            ["python bench/time_varying.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
         "trace": "mooncake conversation_trace.jsonl, block size 512",
         "phases_spec": spec,
         "seed": args.seed,
@@ -305,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bin_s": bin_s,
         "best_fixed": best,
         "settings": {
-            "planner": planner.PlannerSettings().__dict__,
+            "planner": control.__dict__,
             "placement": {"beta": PlacementParams().beta, "lam": PlacementParams().lam},
             "switch_delay_s": AdaptiveOptions().executor.switch_delay_s,
             "history_s": AdaptiveOptions().history_s,

@@ -551,26 +551,27 @@ def eligible_merges(layout: Layout, settings: PlannerSettings) -> list[Merge]:
     return [Merge((a.worker, b.worker)) for a, b in _buddy_pairs(layout, set(settings.degrees))]
 
 
-def _rank(
-    ops: Sequence[Op], workers: Sequence[WorkerObservation], settings: PlannerSettings
-) -> Op | None:
-    """Smallest predicted drain, then least reconciliation traffic, then lowest id."""
-    if not ops:
-        return None
-    by_worker = {w.worker: w for w in workers}
+#: A candidate operation of :func:`_walk`: its rank key (traffic, drain,
+#: lowest member; :func:`_candidate`) followed by its members (one worker: a
+#: split; two buddies, lower offset first: a merge).
+_Cand = tuple[float, float, int, tuple[int, ...]]
 
-    def drain(op: Op) -> float:
-        # Queued requests are re-placed elsewhere; only the running prefill is waited for.
-        return max(
-            (by_worker[w].running_remaining_s if w in by_worker else 0.0) for w in _members(op)
-        )
 
-    def traffic(op: Op) -> float:
-        return sum(by_worker[w].reuse_weight if w in by_worker else 0.0 for w in _members(op))
+def _candidate(members: tuple[int, ...], by_worker: Mapping[int, WorkerObservation]) -> _Cand:
+    """An operation on ``members`` with the key the controller ranks it by.
 
-    shortest = min(drain(op) for op in ops)
-    near = [op for op in ops if drain(op) <= shortest + settings.drain_tie_s]
-    return min(near, key=lambda op: (traffic(op), drain(op), min(_members(op))))
+    Among eligible operations the one with the smallest predicted drain wins —
+    queued requests are re-placed elsewhere, so only the running prefill is
+    waited for — except that operations within ``drain_tie_s`` of the shortest
+    drain are ranked by the least KV-reconciliation traffic, then the drain,
+    then the lowest worker id (determinism). :func:`_walk` applies the drain
+    cut; the key is (traffic, drain, lowest member). Workers without an
+    observation (not yet created) count as idle and cold.
+    """
+    obs = [by_worker.get(w) for w in members]
+    drain = max((o.running_remaining_s if o is not None else 0.0) for o in obs)
+    traffic = sum(o.reuse_weight if o is not None else 0.0 for o in obs)
+    return traffic, drain, min(members), members
 
 
 def _signal(
@@ -599,9 +600,28 @@ def _signal(
 def _capacities(
     degrees: Iterable[int], capacity: CapacityProfile, settings: PlannerSettings
 ) -> tuple[float, float]:
-    degs = list(degrees)
+    """K and its largest-degree part, per second, of a multiset of degrees."""
+    counts: dict[int, int] = {}
+    for d in degrees:
+        counts[d] = counts.get(d, 0) + 1
+    return _capacities_of(counts, capacity, settings)
+
+
+def _capacities_of(
+    counts: Mapping[int, int], capacity: CapacityProfile, settings: PlannerSettings
+) -> tuple[float, float]:
+    """:func:`_capacities` from degree counts.
+
+    A function of the multiset alone (``math.fsum`` is exactly rounded, so
+    neither the workers' order nor the path that led to the composition
+    changes the last bit): a walk that reaches a composition step by step and
+    one that starts there see the same K, so a transition's target and the
+    legs :func:`advance` plans toward it agree even where a threshold falls
+    exactly on the boundary.
+    """
     large = max(settings.degrees)
-    return capacity.capacity_per_s(degs), capacity.capacity_per_s(d for d in degs if d >= large)
+    parts = [(d, n * capacity.kappa(d)) for d, n in counts.items() if n]
+    return math.fsum(k for _, k in parts), math.fsum(k for d, k in parts if d >= large)
 
 
 def _merge_admitted(
@@ -635,6 +655,62 @@ def _apply(slots: Sequence[Slot], op: Op, new_ids: Sequence[int]) -> list[Slot]:
     return out
 
 
+class _Ranked:
+    """Candidate operations of one bucket of :func:`_walk`, in ranking order.
+
+    The first enumeration is sorted twice, by the rank key and by drain;
+    removal is lazy (``alive``) and entries removed at the front are skipped
+    for good; the few candidates a walk creates later (on workers it creates)
+    are kept aside in ``extra`` and scanned. Keys are unique (the lowest
+    member id is), so the order is total and the members never compared.
+    """
+
+    __slots__ = ("alive", "by_drain", "by_key", "d_head", "extra", "k_head")
+
+    def __init__(self, items: list[_Cand]) -> None:
+        self.by_key = sorted(items)
+        self.by_drain = sorted((c[1], c[2]) for c in items)
+        self.alive = {c[2]: c for c in items}  # lowest member -> candidate
+        self.extra: list[_Cand] = []
+        self.k_head = 0
+        self.d_head = 0
+
+    def add(self, cand: _Cand) -> None:
+        self.extra.append(cand)
+        self.alive[cand[2]] = cand
+
+    def shortest(self) -> float:
+        """The shortest drain among the live candidates (there is one)."""
+        alive, items = self.alive, self.by_drain
+        while self.d_head < len(items) and items[self.d_head][1] not in alive:
+            self.d_head += 1
+        best = items[self.d_head][0] if self.d_head < len(items) else math.inf
+        for c in self.extra:
+            if c[1] < best and c[2] in alive:
+                best = c[1]
+        return best
+
+    def best(self, cut: float) -> _Cand | None:
+        """The best-ranked live candidate whose drain is at most ``cut``."""
+        alive, items = self.alive, self.by_key
+        while self.k_head < len(items) and items[self.k_head][2] not in alive:
+            self.k_head += 1
+        found = None
+        for i in range(self.k_head, len(items)):
+            c = items[i]
+            if c[1] <= cut and c[2] in alive:
+                found = c
+                break
+        for c in self.extra:
+            if c[1] <= cut and c[2] in alive and (found is None or c[:3] < found[:3]):
+                found = c
+        return found
+
+
+def _rank_of(c: _Cand) -> tuple[float, float, int]:
+    return c[0], c[1], c[2]
+
+
 def _walk(
     layout: Layout,
     pending: Sequence[Op],
@@ -653,12 +729,19 @@ def _walk(
     negative ids below every real one). Each step takes one operation in
     ``direction`` while *every* load still asks for that direction at the
     composition reached so far (for a merge: among the merges admitted for
-    every load), ranked as in :func:`_rank`, operations on workers that exist
-    now before those on workers still to be created. Stops where the rules
-    stop asking, at ``target``, or after ``limit`` operations. Returns the
-    operations in order and the composition they lead to.
+    every load), ranked as in :func:`_candidate`, operations on workers that
+    exist now before those on workers still to be created. Stops where the
+    rules stop asking, at ``target``, or after ``limit`` operations. Returns
+    the operations in order and the composition they lead to.
+
+    Incremental: the candidate operations of ``direction`` are enumerated and
+    keyed once; a step removes the ones its operation consumes and adds the
+    few its new workers make possible (their halves, their new buddy), so a
+    walk of n steps over W workers costs O(W + n·candidates) cheap
+    comparisons instead of n full re-enumerations and re-sorts of the layout
+    (``tests/planner/test_walk.py`` checks it against the full re-enumeration).
     """
-    slots = list(layout.slots)
+    slots: Sequence[Slot] = layout.slots
     next_id = min([0, *(s.worker for s in slots)]) - 1
 
     def fresh(n: int) -> list[int]:
@@ -671,56 +754,112 @@ def _walk(
         slots = _apply(slots, op, fresh(2 if isinstance(op, Split) else 1))
     busy = {w for op in pending for w in _members(op)}
     real = {s.worker for s in layout.slots} - busy
-    k_cap, k_large = _capacities((s.degree for s in slots), capacity, settings)
-    large = max(settings.degrees)
     allowed = set(settings.degrees)
+    dsize = layout.domain_size
+    splitting = direction == "split"
+    by_worker = {w.worker: w for w in workers}
+    by_id = {s.worker: s for s in slots}
+    at = {(s.domain, s.offset): s for s in slots}
+    counts: dict[int, int] = {}
+    for s in slots:
+        counts[s.degree] = counts.get(s.degree, 0) + 1
+    goal: dict[int, int] | None = None
+    if target is not None:
+        goal = {}
+        for d in target.degrees:
+            goal[d] = goal.get(d, 0) + 1
+
+    # The candidate operations of ``direction``, in buckets by (all members
+    # exist now, degree of the members), each ranked once (:class:`_Ranked`).
+    def candidate_of(s: Slot) -> tuple[int, ...] | None:
+        """Members of the operation of ``direction`` that ``s`` takes part in, if any."""
+        d = s.degree
+        if splitting:
+            return (s.worker,) if d % 2 == 0 and d // 2 in allowed else None
+        if 2 * d not in allowed or 2 * d > dsize:
+            return None
+        if s.offset % (2 * d) == 0:  # lower buddy: the pair is (s, next)
+            other = at.get((s.domain, s.offset + d))
+            if other is not None and other.degree == d:
+                return s.worker, other.worker
+        else:  # upper buddy: the pair is (previous, s)
+            other = at.get((s.domain, s.offset - d))
+            if other is not None and other.degree == d and other.offset % (2 * d) == 0:
+                return other.worker, s.worker
+        return None
+
+    first: dict[tuple[bool, int], list[_Cand]] = {}
+    for s in slots:
+        if not splitting and s.offset % (2 * s.degree):
+            continue  # an upper buddy: its pair is enumerated with the lower one
+        ms = candidate_of(s)
+        if ms is not None:
+            first.setdefault((all(w in real for w in ms), s.degree), []).append(
+                _candidate(ms, by_worker)
+            )
+    buckets = {b: _Ranked(items) for b, items in first.items()}
+    where: dict[int, _Ranked] = {}  # member worker -> the bucket of its candidate
+    for bucket in buckets.values():
+        for c in bucket.by_key:
+            for w in c[3]:
+                where[w] = bucket
+
     ops: list[Op] = []
-    for _ in range(layout.composition.gpus):
+    for _ in range(sum(s.degree for s in slots)):
         if limit is not None and len(ops) >= limit:
             break
-        comp = Composition(tuple(s.degree for s in slots))
-        if target is not None and comp == target:
+        if goal is not None and counts == goal:
             break
+        k_cap, k_large = _capacities_of(counts, capacity, settings)
         if any(_signal(k_cap, k_large, w, settings)[0] != direction for w in loads):
             break
-        lay = Layout(tuple(slots), layout.domain_size)
-        cands: list[Op]
-        if direction == "split":
-            cands = [
-                Split(s.worker) for s in slots if s.degree % 2 == 0 and s.degree // 2 in allowed
-            ]
-        else:
-            degree_of = {s.worker: s.degree for s in slots}
+        live = [(b, c) for b, c in buckets.items() if c.alive]
+        if not splitting:
             ok = {
                 d: _merge_admitted(k_cap, d, loads, capacity, settings)
-                for d in set(degree_of.values())
-                if 2 * d in allowed
+                for d in {b[1] for b, _ in live}
             }
-            cands = [
-                Merge((a.worker, b.worker))
-                for a, b in _buddy_pairs(lay, allowed)
-                if ok.get(a.degree, False)
-            ]
-        now = [op for op in cands if all(w in real for w in _members(op))]
-        best = _rank(now or cands, workers, settings)
-        if best is None:
+            live = [(b, c) for b, c in live if ok[b[1]]]
+        pool = [c for b, c in live if b[0]] or [c for _, c in live]
+        if not pool:
             break
-        op = best
+        cut = min(c.shortest() for c in pool) + settings.drain_tie_s
+        chosen = min((c for c in (r.best(cut) for r in pool) if c is not None), key=_rank_of)
+        members = chosen[3]
+        op = Split(members[0]) if splitting else Merge((members[0], members[1]))
         ops.append(op)
-        gone = [s.degree for s in slots if s.worker in _members(op)]
-        slots = _apply(slots, op, fresh(2 if isinstance(op, Split) else 1))
-        d = gone[0]
+        gone = [by_id.pop(w) for w in members]
+        for g in gone:
+            where.pop(g.worker).alive.pop(chosen[2], None)
+            del at[(g.domain, g.offset)]
+        d = gone[0].degree
+        counts[d] -= len(gone)
+        if not counts[d]:
+            del counts[d]
         if isinstance(op, Split):
-            k_cap += 2 * capacity.kappa(d // 2) - capacity.kappa(d)
-            k_large += (2 * capacity.kappa(d // 2) if d // 2 >= large else 0.0) - (
-                capacity.kappa(d) if d >= large else 0.0
-            )
+            g = gone[0]
+            ids = fresh(2)
+            made = [
+                Slot(ids[0], d // 2, g.domain, g.offset),
+                Slot(ids[1], d // 2, g.domain, g.offset + d // 2),
+            ]
         else:
-            k_cap += capacity.kappa(2 * d) - 2 * capacity.kappa(d)
-            k_large += (capacity.kappa(2 * d) if 2 * d >= large else 0.0) - (
-                2 * capacity.kappa(d) if d >= large else 0.0
-            )
-    return ops, Composition(tuple(s.degree for s in slots))
+            lo = gone[0] if gone[0].offset < gone[1].offset else gone[1]
+            made = [Slot(fresh(1)[0], 2 * d, lo.domain, lo.offset)]
+        for m in made:
+            by_id[m.worker] = m
+            at[(m.domain, m.offset)] = m
+            counts[m.degree] = counts.get(m.degree, 0) + 1
+        for m in made:
+            ms = candidate_of(m)
+            if ms is not None:
+                b = (False, m.degree)  # on a worker still to be created
+                if b not in buckets:
+                    buckets[b] = _Ranked([])
+                buckets[b].add(_candidate(ms, by_worker))
+                for w in ms:
+                    where[w] = buckets[b]
+    return ops, Composition(tuple(d for d, n in counts.items() for _ in range(n)))
 
 
 def plan_target(
