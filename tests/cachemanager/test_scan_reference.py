@@ -1,8 +1,11 @@
 """The scan against a straightforward reference on seeded random tries.
 
-The manager ranks lazily (vectorized bounds, exact keys only for the head
-that the bounded selection reads; ``_Ranking`` in cachemanager.py) and keeps
-its counters in a table decayed by each scan. The reference here keeps plain
+The manager ranks lazily (vectorized bounds, exact keys in batches of
+growing size, footprints only for the head that the bounded selection reads;
+``Ranking`` in cacheranking.py) and keeps its counters in a table decayed by
+each scan (cachecounters.py). Each scenario also runs with first batches of
+one item (every list evaluated lazily, batch after batch) and of "everything"
+(one plain exact evaluation and sort), the two ends of the size choice. The reference here keeps plain
 dicts per node, walks every destination's path for each footprint, builds
 the three candidate lists in full and sorts them; both then run the same
 selection (``CacheManager._select``) over the same trie, so every scan must
@@ -28,6 +31,7 @@ from vertumnus.core.cachemanager import (
     Reclaim,
     ScanPlan,
 )
+from vertumnus.core.cacheranking import Ranking
 from vertumnus.core.placement import WorkerState
 from vertumnus.core.trie import PrefixTrie, TrieNode
 
@@ -265,6 +269,16 @@ def _scenario(seed: int, wide_keys: bool) -> None:
 @pytest.mark.parametrize("seed", range(40))
 def test_scan_matches_full_reference(seed: int) -> None:
     _scenario(seed, wide_keys=False)
+
+
+@pytest.mark.parametrize("batch", [1, 10**9])
+@pytest.mark.parametrize("seed", range(0, 40, 3))
+def test_scan_matches_full_reference_lazy_and_plain(
+    seed: int, batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Ranking, "batch", batch)
+    _scenario(seed, wide_keys=False)
+    _scenario(1000 + seed % 6, wide_keys=True)
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -1,0 +1,498 @@
+"""One scan's three ranked candidate lists (design.md section 6), computed as far as read.
+
+The cache manager (:mod:`vertumnus.core.cachemanager`) ranks every tracked
+(z, C) of its counter table (:mod:`vertumnus.core.cachecounters`), r =
+ReplicaCount(z, C) among the available workers:
+
+- **inter** (r = 0, missed > θ_inter): key (−missed/footprint, footprint,
+  −depth, key, C);
+- **intra** (r > 0, access > r·θ_intra): key (−band(access/r), footprint,
+  −access/r, key, C), band = near-tie bucket of the score;
+- **reclaim** (r ≥ reclaim_min_replicas, access < r·θ_reclaim): key
+  (access/r, −depth, key, C), lowest first.
+
+A scan executes a bounded number of operations, so it reads only the head of
+each list. :class:`Ranking` therefore works in three steps:
+
+1. Vectorized over the table: the (z, C) that can cross a threshold at all,
+   and for each a *bound* on its key that needs no trie access (the most
+   favourable replica count and footprint: r = 1 or the number of degree-C
+   workers, footprint ≥ 1).
+2. In increasing order of that bound, in batches that grow 4× (the first one
+   sized for the selection, so a small table is one batch: a plain exact
+   evaluation and sort): replica counts and the in-trie check for the whole
+   batch at C speed (``map`` over the holder sets), then NumPy for scores.
+3. Footprints (path walks, Python) only for the intra/inter items read, one
+   at a time in order of the exact part of the key (:func:`_exact_order`).
+
+A key found below the bound of every item not yet evaluated is final, so each
+list comes out exactly as a full sort would order it
+(``tests/cachemanager/test_scan_reference.py`` checks that against a naive
+reference, with tiny and huge batches on the same tries).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import compress
+from operator import attrgetter, is_
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+
+import numpy as np
+
+from vertumnus.core.cachecounters import CounterTable
+from vertumnus.core.placement import WorkerState
+from vertumnus.core.trie import TrieNode
+
+if TYPE_CHECKING:
+    from vertumnus.core.cachemanager import CacheManagerSettings, CacheView
+
+__all__ = ["Candidate", "Ranking"]
+
+_T = TypeVar("_T")
+_V = TypeVar("_V")
+_Array = np.ndarray[Any, Any]
+_Key = tuple[Any, ...]
+_node_key = attrgetter("key")
+_holders = attrgetter("holders")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A (z, C) that crossed a threshold in a scan."""
+
+    kind: Literal["inter", "intra", "reclaim"]
+    key: int
+    degree: int
+    replicas: int
+    """ReplicaCount(z, C) at the scan."""
+    score: float
+    """inter: missed per copied block; intra and reclaim: access / r."""
+    footprint: int = 0
+    """Replication: fewest blocks any feasible destination lacks; 0 for reclaim."""
+    depth: int = 0
+
+
+class Ranking:
+    """The candidate lists of one scan (see the module docstring): ``inter``
+    and ``intra`` are iterators in rank order, :meth:`reclaim_head` the first
+    ``reclaim_ranked_per_scan`` reclamation candidates. ``gone`` collects the
+    slots whose node turned out to have left the trie."""
+
+    batch: int | None = None
+    """First batch size for every list, overriding the ones derived from the
+    per-scan bounds (tests: 1 forces the lazy path, a huge one the plain one)."""
+
+    def __init__(
+        self,
+        table: CounterTable,
+        settings: CacheManagerSettings,
+        view: CacheView,
+        covered: Iterable[tuple[int, int]],
+        copy_dest: Iterable[tuple[int, int]],
+    ) -> None:
+        s = self.settings = settings
+        self.table = table
+        workers = [w for w in view.workers if w.available]
+        self.by_degree: dict[int, list[WorkerState]] = {}
+        for w in workers:
+            self.by_degree.setdefault(w.degree, []).append(w)
+        self.ids = {c: frozenset(w.id for w in ws) for c, ws in self.by_degree.items()}
+        """Available worker ids per degree: ReplicaCount(z, C) = |holders ∩ ids[C]|."""
+        self.room = {w.id: s.max_copy_fraction * w.cache_capacity_blocks for w in workers}
+        """Most blocks a copy to each worker may need ("enough capacity")."""
+        for c in sorted(self.by_degree):
+            table.column(c)  # a column per available degree (reclamation reads zeros too)
+        self.trie_get = view.trie.nodes.get
+        # Ranked as of the scan's start: the selection adds copies (and their
+        # paths and destinations) while it reads the lists.
+        self.covered = set(covered)
+        self.copy_dest = set(copy_dest)
+        self.copy_dest_keys = {k for k, _ in self.copy_dest}
+        self.gone: set[int] = set()
+        self.access, self.missed, self.depth = table.views()
+        self.columns = [(col, c) for col, c in enumerate(table.degrees) if c in self.by_degree]
+        ncol = len(table.degrees)
+        # (slot, column) of covered pairs, as slot·ncol + column (np.isin).
+        slot_of = table._slot_of
+        self.covered_ids = np.array(
+            [
+                slot_of[k] * ncol + table._column_of[c]
+                for k, c in self.covered
+                if k in slot_of and c in table._column_of
+            ],
+            dtype=np.int64,
+        )
+        first = self.batch or 4 * max(s.max_inter_per_scan, s.max_intra_per_scan) + 16
+        self.inter: Iterator[Candidate] = self._inter(first)
+        self.intra: Iterator[Candidate] = self._intra(first)
+
+    # -- shared steps -----------------------------------------------------------
+
+    def _pairs(self, select: Callable[[int, int], _Array]) -> tuple[_Array, _Array]:
+        """(slots, columns) of the (z, C) whose slot ``select(col, degree)``
+        lists, column by column."""
+        slots, cols = [], []
+        for col, c in self.columns:
+            sl = select(col, c)
+            slots.append(sl)
+            cols.append(np.full(sl.size, col, dtype=np.intp))
+        if not slots:
+            return np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.intp)
+        return np.concatenate(slots), np.concatenate(cols)
+
+    def _gather(self, table: list[_Array], slots: _Array, cols: _Array) -> _Array:
+        out = np.empty(slots.size)
+        for col, _ in self.columns:
+            m = cols == col
+            out[m] = table[col][slots[m]]
+        return out
+
+    def _replicas(
+        self, slots: _Array, cols: _Array, min_holders: int = 0
+    ) -> tuple[list[TrieNode], _Array]:
+        """For a batch of pairs, at C speed (``map`` over the holder sets): the
+        nodes and ReplicaCount(z, C), left 0 where z has fewer than
+        ``min_holders`` holders in all."""
+        # (slots of pairs are tracked: their nodes are not None)
+        nodes = cast(list[TrieNode], list(map(self.table.nodes.__getitem__, slots.tolist())))
+        holders = list(map(_holders, nodes))
+        r = np.zeros(len(nodes), dtype=np.int64)
+        if min_holders > 1:
+            many = np.fromiter(map(len, holders), np.int64, len(nodes)) >= min_holders
+            holders = list(compress(holders, many.tolist()))
+            cols = cols[many]
+        else:
+            many = None
+        r_some = np.zeros(len(holders), dtype=np.int64)
+        for col, c in self.columns:
+            m = cols == col
+            k = int(np.count_nonzero(m))
+            if k:
+                sets = compress(holders, m.tolist())
+                r_some[m] = np.fromiter(map(len, map(self.ids[c].intersection, sets)), np.int64, k)
+        if many is None:
+            return nodes, r_some
+        r[many] = r_some
+        return nodes, r
+
+    def _in_trie(self, nodes: list[TrieNode], slots: _Array, keep: _Array) -> _Array:
+        """``keep`` (indices into the batch) less the nodes that left the trie,
+        whose slots go to ``gone``."""
+        kept = [nodes[i] for i in keep.tolist()]
+        here = np.fromiter(
+            map(is_, map(self.trie_get, map(_node_key, kept)), kept), bool, len(kept)
+        )
+        if here.all():
+            return keep
+        self.gone.update(slots[keep[~here]].tolist())
+        return keep[here]
+
+    def _not_covered(self, slots: _Array, cols: _Array) -> _Array | bool:
+        if not self.covered_ids.size:
+            return True
+        return ~np.isin(slots * len(self.table.degrees) + cols, self.covered_ids)
+
+    def _footprint(self, node: TrieNode, c: int) -> int | None:
+        """Fewest blocks a feasible degree-C destination lacks for a copy of z, or
+        None (as of the scan's start), by one walk up from z that stops at the
+        first feasible destination: what a destination lacks only grows with
+        the distance to the deepest ancestor it holds."""
+        key, depth = node.key, node.depth
+        pend = self.ids[c] - node.holders
+        if key in self.copy_dest_keys:
+            pend = frozenset(w for w in pend if (key, w) not in self.copy_dest)
+        if not pend:
+            return None
+        room = self.room
+        reach = max(room[w] for w in pend)
+        n = node.parent
+        while n is not None:
+            missing = depth - n.depth
+            if missing > reach:
+                return None  # more than any of them may take, and growing
+            if not n.holders.isdisjoint(pend):
+                hit = n.holders & pend
+                if any(missing <= room[w] for w in hit):
+                    return missing
+                pend = pend - hit
+                if not pend:
+                    return None
+                reach = max(room[w] for w in pend)
+            n = n.parent
+        # The rest hold nothing of the path.
+        return depth if depth <= reach else None
+
+    def _band(self, score: float) -> float:
+        """Near-tie band of an intra score (higher is better): geometric buckets
+        of width 1 + tie_tolerance; the score itself with no tolerance."""
+        tol = self.settings.tie_tolerance
+        return math.floor(math.log(score) / math.log1p(tol)) if tol > 0 else score
+
+    # -- inter ----------------------------------------------------------------------
+
+    def _inter(self, first: int) -> Iterator[Candidate]:
+        t = self.settings.theta_inter
+        used = self.depth > 0
+        slots, cols = self._pairs(lambda col, c: np.flatnonzero((self.missed[col] > t) & used))
+        missed = self._gather(self.missed, slots, cols)
+
+        def bounded() -> Iterator[tuple[_Key, tuple[TrieNode, int, float]]]:
+            # missed/footprint ≤ missed (a footprint is ≥ 1 block): the bound
+            # (−missed,) is ≤ the key. Replica counts and coverage per batch.
+            for head in _lex_batches([(-missed).__getitem__], slots.size, first):
+                sl, co = slots[head], cols[head]
+                nodes, r = self._replicas(sl, co)
+                keep = np.flatnonzero((r == 0) & self._not_covered(sl, co))
+                keep = self._in_trie(nodes, sl, keep)
+                for i, m in zip(keep.tolist(), missed[head[keep]].tolist(), strict=True):
+                    yield (-m,), (nodes[i], self.table.degrees[int(co[i])], m)
+
+        for _, cand in _exact_order(bounded(), self._inter_key):
+            yield cand
+
+    def _inter_key(self, item: tuple[TrieNode, int, float]) -> tuple[_Key, Candidate] | None:
+        node, c, missed = item
+        fp = self._footprint(node, c)
+        if fp is None:
+            return None
+        score = missed / fp
+        return (-score, fp, -node.depth, node.key, c), Candidate(
+            "inter", node.key, c, 0, score, fp, node.depth
+        )
+
+    # -- intra ----------------------------------------------------------------------
+
+    def _intra(self, first: int) -> Iterator[Candidate]:
+        s = self.settings
+        t, tol = s.theta_intra, s.tie_tolerance
+        used = self.depth > 0
+        slots, cols = self._pairs(lambda col, c: np.flatnonzero((self.access[col] > t) & used))
+        access = self._gather(self.access, slots, cols)
+        neg_access = -access
+        log_step = math.log1p(tol) if tol > 0 else 0.0
+        degrees = self.table.degrees
+
+        def batches() -> Iterator[tuple[list[tuple[_Key, _IntraItem]], _Key | None]]:
+            # Stage 1, exact: (−band, key, C), from replica counts per batch.
+            done = 0
+            for head in _lex_batches([neg_access.__getitem__], slots.size, first):
+                done += head.size
+                sl, co = slots[head], cols[head]
+                nodes, r = self._replicas(sl, co)
+                a = access[head]
+                keep = np.flatnonzero((r > 0) & (a > r * t) & self._not_covered(sl, co))
+                keep = self._in_trie(nodes, sl, keep)
+                score = a[keep] / r[keep]
+                if log_step:
+                    logs = np.fromiter(map(math.log, score.tolist()), float, keep.size)
+                    band = np.floor(logs / log_step)
+                else:
+                    band = score
+                rows = []
+                for i, ri, sc, b in zip(
+                    keep.tolist(), r[keep].tolist(), score.tolist(), band.tolist(), strict=True
+                ):
+                    node, c = nodes[i], degrees[int(co[i])]
+                    rows.append(((-b, node.key, c), (node, c, ri, sc, b)))
+                # Every later item has access/r ≤ access ≤ this batch's last
+                # access, so its band is at most that one's (plus a hair of
+                # slack against rounding at a band edge).
+                last = float(a[-1]) * (1 + 1e-9) if log_step else float(a[-1])
+                yield rows, ((-self._band(last),) if done < slots.size else None)
+
+        # Stage 2: footprints (path walks) only for the bands read.
+        staged = (((key[0],), item) for key, item in _merge_batches(batches()))
+        for _, cand in _exact_order(staged, self._intra_key):
+            yield cand
+
+    def _intra_key(self, item: _IntraItem) -> tuple[_Key, Candidate] | None:
+        node, c, r, score, band = item
+        fp = self._footprint(node, c)
+        if fp is None:
+            return None
+        return (-band, fp, -score, node.key, c), Candidate(
+            "intra", node.key, c, r, score, fp, node.depth
+        )
+
+    # -- reclaim ----------------------------------------------------------------------
+
+    def reclaim_head(self) -> list[Candidate]:
+        """The first ``reclaim_ranked_per_scan`` reclamation candidates."""
+        s = self.settings
+        want = s.reclaim_ranked_per_scan
+        if want <= 0:
+            return []
+        t, min_r = s.theta_reclaim, s.reclaim_min_replicas
+        used = self.depth > 0
+        most = {c: len(ws) for c, ws in self.by_degree.items()}
+        bounds = []
+
+        def select(col: int, c: int) -> _Array:
+            if most[c] < min_r:
+                sl = np.zeros(0, dtype=np.intp)
+            else:
+                sl = np.flatnonzero((self.access[col] < most[c] * t) & used)
+            # access/r ≥ access/R_C (R_C: the degree-C workers), so the bound
+            # (access/R_C, −depth, key, C) is ≤ the key.
+            bounds.append(self.access[col][sl] / most[c])
+            return sl
+
+        slots, cols = self._pairs(select)
+        n = slots.size
+        bound = np.concatenate(bounds) if bounds else np.zeros(0)
+        depth, degrees = self.depth, np.array(self.table.degrees, dtype=np.int64)
+        if self.table.wide_keys:
+            nodes = self.table.nodes
+
+            def keys(i: _Array) -> _Array:
+                return np.array([nodes[x].key for x in slots[i].tolist()], dtype=object)  # type: ignore[union-attr]
+        else:
+            all_keys = np.frombuffer(self.table.keys, dtype=np.uint64)
+
+            def keys(i: _Array) -> _Array:
+                return all_keys[slots[i]]
+
+        # (Key columns after the first are computed for ties only.)
+        columns: list[Callable[[_Array], _Array]] = [
+            bound.__getitem__,
+            lambda i: -depth[slots[i]],
+            keys,
+            lambda i: degrees[cols[i]],
+        ]
+
+        # Exact keys per batch, as columns; the head so far is final once its
+        # last key is below the bound of the last item evaluated (all later
+        # items have bounds, hence keys, at least that).
+        found: list[list[_Array]] = []
+        done = valid = 0
+        batches = _lex_batches(columns, n, self.batch or 8 * want)
+        head = next(batches, None)
+        while head is not None:
+            done += head.size
+            sl, co = slots[head], cols[head]
+            batch_nodes, r = self._replicas(sl, co, min_r)
+            a = self._gather(self.access, sl, co)
+            keep = self._in_trie(batch_nodes, sl, np.flatnonzero((r >= min_r) & (a < r * t)))
+            kept = head[keep]
+            valid += keep.size
+            found.append(
+                [a[keep] / r[keep], -depth[sl[keep]], keys(kept), degrees[co[keep]], r[keep]]
+            )
+            exact = [np.concatenate(c) for c in zip(*found, strict=True)]
+            top = _lex_head([c.__getitem__ for c in exact[:4]], np.arange(exact[0].size), want)
+            found = [[c[top] for c in exact]]
+            if done == n:
+                break
+            if top.size == want:
+                last = tuple(c[-1:].tolist()[0] for c in found[0][:4])
+                if last < tuple(f(head[-1:]).tolist()[0] for f in columns):
+                    break
+            # Next batch: enough for the head at the yield seen so far (at most 4×).
+            guess = 2 * want * done // max(valid, 1) - done
+            head = batches.send(None if self.batch else max(want, min(4 * head.size, guess)))
+        return [
+            Candidate("reclaim", key, c, r, score, 0, -neg_depth)
+            for found_cols in found
+            for score, neg_depth, key, c, r in zip(*[c.tolist() for c in found_cols], strict=True)
+        ]
+
+
+_IntraItem = tuple[TrieNode, int, int, float, float]
+"""(node, degree, replicas, access/r, band)."""
+
+
+def _lex_batches(
+    keys: Sequence[Callable[[_Array], _Array]], n: int, first: int
+) -> Generator[_Array, int | None, None]:
+    """Items 0..n−1 in increasing lexicographic order of (keys[0](i), keys[1](i),
+    …), as sorted index arrays: the first ``first`` items, then 4× as many
+    (or as many as the reader ``send``s) and so on, rather than a full sort
+    (most readers stop early). A key column maps an index array to values."""
+    left = np.arange(n)
+    k = max(1, first)
+    taken = np.zeros(n, dtype=bool)
+    while left.size:
+        head = _lex_head(keys, left, k)
+        size = yield head
+        if head.size == left.size:
+            return
+        taken[head] = True
+        left = left[~taken[left]]
+        k = size or 4 * k
+
+
+def _lex_head(keys: Sequence[Callable[[_Array], _Array]], idx: _Array, k: int) -> _Array:
+    """The ``k`` lexicographically smallest of items ``idx`` (all if fewer), sorted.
+
+    Selection column by column: items below the k-th value of a column are in,
+    items equal to it go on to the next column, so later columns are computed
+    for ties only. O(len(idx)) per column, plus sorting the head.
+    """
+    if idx.size > k:
+        parts = []
+        for f in keys:
+            v = f(idx)
+            low = v.min()
+            if np.count_nonzero(v == low) >= k:
+                kth = low  # (common: a mass of ties at the bottom, slow to partition)
+            elif v.dtype == object:
+                kth = np.sort(v)[k - 1]
+            else:
+                kth = np.partition(v, k - 1)[k - 1]
+            below = v < kth
+            parts.append(idx[below])
+            k -= int(np.count_nonzero(below))
+            idx = idx[v == kth]
+            if idx.size <= k:
+                break
+        else:
+            idx = idx[:k]  # equal in every column: any k of them
+        parts.append(idx)
+        idx = np.concatenate(parts)
+    cols = [f(idx) for f in keys]
+    if any(c.dtype == object for c in cols):
+        rows = list(zip(*[c.tolist() for c in cols], strict=True))
+        return idx[sorted(range(len(rows)), key=rows.__getitem__)]
+    return idx[np.lexsort(cols[::-1])]
+
+
+def _merge_batches(
+    batches: Iterable[tuple[list[tuple[_Key, _V]], _Key | None]],
+) -> Iterator[tuple[_Key, _V]]:
+    """(key, value) in increasing key order, from batches of (rows, floor):
+    the rows of a batch in any order, ``floor`` ≤ the key of every row of the
+    later batches (None after the last). Keys are unique."""
+    heap: list[tuple[_Key, _V]] = []
+    for rows, floor in batches:
+        for row in rows:
+            heapq.heappush(heap, row)
+        while heap and (floor is None or heap[0][0] < floor):
+            yield heapq.heappop(heap)
+
+
+def _exact_order(
+    stream: Iterable[tuple[_Key, _T]],
+    exact: Callable[[_T], tuple[_Key, _V] | None],
+) -> Iterator[tuple[_Key, _V]]:
+    """(key, value) of the items of ``stream`` in increasing order of exact key.
+
+    ``stream`` yields (bound, item) with non-decreasing bounds; ``exact(item)``
+    is None (not a candidate) or (key, value) with key ≥ the item's bound, keys
+    unique. A computed key below the next item's bound is below the key of
+    every item not computed yet (key ≥ bound ≥ that bound), so it is next in
+    the full order: the output is the full sort, while ``exact`` runs only for
+    the items read plus those whose bound does not exceed the last key read.
+    """
+    heap: list[tuple[_Key, _V]] = []
+    for bound, item in stream:
+        while heap and heap[0][0] < bound:
+            yield heapq.heappop(heap)
+        found = exact(item)
+        if found is not None:
+            heapq.heappush(heap, found)
+    while heap:
+        yield heapq.heappop(heap)
