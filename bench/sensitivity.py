@@ -71,6 +71,9 @@ def grid() -> Grid:
     g["transition_admit"] = [
         (f"{a:g}", replace(BASE, transition_admit=a), BASE_PLACEMENT) for a in (0.8, 0.9, 1.0, 1.2)
     ]
+    g["mix_below_lower"] = [
+        (str(f), replace(BASE, mix_below_lower=f), BASE_PLACEMENT) for f in (False, True)
+    ]
     g["mix_margin"] = [
         (f"{d:g}", replace(BASE, mix_margin=d), BASE_PLACEMENT) for d in (0.05, 0.1, 0.2, 0.3, 1.0)
     ]

@@ -101,7 +101,8 @@ def test_near_equal_drains_are_ranked_by_reconciliation_traffic() -> None:
 
 def test_merge_when_demand_stays_low_and_capacity_remains() -> None:
     # Merging two CP4 into one CP8: K' = 3.8 - 1.0 + 0.6 = 3.4/s -> 34 s per window.
-    state, ds = run(start(), [window(0.4)] * 3)
+    # Long share 0.7: 2xCP4+4xCP8 (CP8 share 0.71) would not split back on it.
+    state, ds = run(start(), [window(0.4, long_share=0.7)] * 3)
     assert ds[:2] == [None, None]
     assert isinstance(ds[2], Merge) and ds[2].workers == (0, 1)
     assert state.pending == (ds[2],)
@@ -242,3 +243,33 @@ def test_without_follow_through_every_step_waits_persist_windows() -> None:
         state, ops = step(state, window(1.2), CAP, slow)
         decisions.append(one(ops))
     assert decisions[:2] == [None, None] and isinstance(decisions[2], Split)
+
+
+def test_low_utilization_merge_yields_to_a_long_share_that_asks_for_a_split() -> None:
+    # u = 0.3 on 4xCP4+3xCP8 (CP8 share 0.47) with long share 0.2 < 0.47 - 0.1:
+    # the long share asks for a split and low utilization no longer vetoes it.
+    _, ds = run(start(), [window(0.3, long_share=0.2)] * 3)
+    assert ds[:2] == [None, None]
+    assert isinstance(ds[2], Split)
+    assert ds[2].reason.startswith("long share 0.20 < large-degree share 0.47 (utilization 0.30")
+    # The earlier rule (switch off): the same windows merge.
+    off = PlannerSettings(**{**SETTINGS.__dict__, "mix_below_lower": False})
+    state = start()
+    for _ in range(3):
+        state, d = step(state, window(0.3, long_share=0.2), CAP, off)
+    assert isinstance(one(d), Merge)
+
+
+def test_low_utilization_merge_not_admitted_if_the_long_share_would_split_back() -> None:
+    # u = 0.4, long share 0.5 (neutral on 4xCP4+3xCP8: 0.47 ± 0.1): low
+    # utilization asks for a merge, but 2xCP4+4xCP8 (CP8 share 0.71) would
+    # ask to split back (0.5 < 0.61), so no merge is admitted and none happens.
+    state, ds = run(start(), [window(0.4, long_share=0.5)] * 5)
+    assert ds == [None] * 5
+    assert state.merge_streak == 0 and state.split_streak == 0
+
+
+def test_overload_splits_whatever_the_long_share_at_low_and_high_mix() -> None:
+    for share in (0.0, 1.0):
+        _, ds = run(start("5xCP8"), [window(1.2 * 30 / 38, long_share=share)] * 3)
+        assert isinstance(ds[2], Split) and ds[2].reason.startswith("utilization")

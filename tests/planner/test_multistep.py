@@ -132,10 +132,11 @@ def test_merges_run_concurrently_while_the_rest_carries_the_demand() -> None:
     # each; admission (merged u <= 0.9) allows all five (5xCP8, K 3.0: u 0.5).
     # Each pair in flight removes 1.0/s; at transition_admit 0.9, 15 <= 9·K_avail
     # needs K_avail >= 1.67: at most three pairs at once (K_avail 2.0).
+    # Long share 1.0: no merged composition would split back on the mix.
     settings = replace(BASE, transition_admit=0.9, max_concurrent_ops=8)
     state = start("10xCP4")
-    state, _ = step(state, load(15.0), CAP, settings)
-    state, ops = step(state, load(15.0), CAP, settings)
+    state, _ = step(state, load(15.0, 1.0), CAP, settings)
+    state, ops = step(state, load(15.0, 1.0), CAP, settings)
     assert str(state.target) == "5xCP8"
     assert len(ops) == 3 and all(isinstance(op, Merge) for op in ops)
     state, done = finish(state, settings)
@@ -241,3 +242,45 @@ def test_multi_op_transitions_keep_capacity_and_reach_the_target(
     assert state.layout.composition.gpus == 24
     kinds = {type(op) for op in done}
     assert len(kinds) == 1  # one direction per transition
+
+
+def test_all_large_degree_pool_at_low_utilization_splits_to_the_long_share_target() -> None:
+    # 5xCP8 (K 3.0) at u = 0.2 (D = 6 s), long requests bring 30 % of D. CP8
+    # shares of K along the splits: 2xCP4+4xCP8 0.71, 4+3 0.47, 6+2 0.29.
+    # The long share asks to split while 0.3 < share - 0.1: down to 6xCP4+2xCP8.
+    state = start("5xCP8")
+    state, _ = step(state, load(6.0, 0.3), CAP, BASE)
+    state, ops = step(state, load(6.0, 0.3), CAP, BASE)
+    assert str(state.target) == "6xCP4+2xCP8"
+    assert ops and all(isinstance(op, Split) for op in ops)
+    state, done = finish(state, BASE)
+    assert len(done) == 3 and str(state.layout.composition) == "6xCP4+2xCP8"
+    # Utilization stays low, but merging back to 4xCP4+3xCP8 would ask for a
+    # split again (0.3 < 0.47 - 0.1): not admitted, the pool stays put.
+    for _ in range(6):
+        state, ops = step(state, load(6.0, 0.3), CAP, BASE)
+        assert ops == ()
+    # The earlier rule: low utilization vetoes the split, 5xCP8 forever.
+    off = replace(BASE, mix_below_lower=False)
+    state = start("5xCP8")
+    for _ in range(6):
+        state, ops = step(state, load(6.0, 0.3), CAP, off)
+        assert ops == ()
+
+
+def test_overload_still_splits_an_all_large_degree_pool_whatever_the_long_share() -> None:
+    # u = 1.2 on 5xCP8 with every request long: the capacity signal wins.
+    state = start("5xCP8")
+    state, _ = step(state, load(36.0, 1.0), CAP, BASE)
+    state, ops = step(state, load(36.0, 1.0), CAP, BASE)
+    assert ops and isinstance(ops[0], Split) and ops[0].reason.startswith("utilization")
+
+
+def test_low_utilization_merges_stop_where_the_long_share_would_split_back() -> None:
+    # 10xCP4 at u = 0.3 (D = 15 s), long share 0.5: merges while admitted on
+    # capacity and while the merged pool's CP8 share minus 0.1 stays <= 0.5:
+    # 4xCP4+3xCP8 (0.47) yes, 2xCP4+4xCP8 (0.71) no.
+    target = plan_target(start("10xCP4").layout, [load(15.0, 0.5)], "merge", CAP, BASE)
+    assert str(target) == "4xCP4+3xCP8"
+    off = replace(BASE, mix_below_lower=False)
+    assert str(plan_target(start("10xCP4").layout, [load(15.0, 0.5)], "merge", CAP, off)) == "5xCP8"

@@ -124,7 +124,7 @@ def _walk_reference(
         else:
             degree_of = {s.worker: s.degree for s in slots}
             ok = {
-                d: _merge_admitted(k_cap, d, loads, capacity, settings)
+                d: _merge_admitted(k_cap, k_large, d, loads, capacity, settings)
                 for d in set(degree_of.values())
                 if 2 * d in allowed
             }

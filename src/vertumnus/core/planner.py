@@ -31,8 +31,12 @@ The controller (:func:`step`) compares u_k with two thresholds and watches
 the long requests' share of the demand against the large-degree workers'
 share of the capacity; a condition must persist for ``persist_windows``
 windows before it acts (hysteresis), capacity wins when the two signals
-disagree, and a merge is admitted only if the merged composition keeps
-enough capacity for the observed demand. Among eligible operations it picks
+disagree *where capacity is a requirement* — overload (u above the upper
+threshold splits whatever the mix) and merge admission (a merge is admitted
+only if the merged composition keeps enough capacity for the observed
+demand) — while a low utilization, which only makes merging worthwhile,
+yields to a long share that asks for a split (``mix_below_lower``;
+docs/benchmarks/adaptive.md, "Low utilization and the long share"). Among eligible operations it picks
 the one with the smallest predicted drain time, then the least expected
 KV-reconciliation traffic, then the lowest worker id (determinism).
 
@@ -142,6 +146,16 @@ class PlannerSettings:
     substantial change of the long-request fraction (see :func:`step`)."""
     min_requests: int = 20
     """Windows with fewer requests give no long-fraction signal (too noisy)."""
+    mix_below_lower: bool = True
+    """Below ``lower`` the long-share signal still counts (see :func:`step`):
+    a low-utilization merge is an efficiency preference, not a capacity
+    requirement, so it yields to a long share that asks for a split, and a
+    merge it asks for is admitted only if the merged composition's long
+    share would not ask to split back. Capacity keeps precedence where it is
+    a requirement: above ``upper`` (split regardless of the mix) and in
+    merge admission. False: the earlier rule, under which a low
+    utilization overrode the long share (an all-CP8 pool at low load could
+    never split)."""
     drain_tie_s: float = 0.25
     """Operations whose predicted drain times are within this many seconds of
     the shortest are ranked by KV-reconciliation traffic instead."""
@@ -585,16 +599,20 @@ def _signal(
     u = load.demand_s / (settings.window_s * k_cap) if k_cap > 0 else math.inf
     if u > settings.upper:
         return "split", f"utilization {u:.2f} > {settings.upper}"
-    if u < settings.lower:
-        return "merge", f"utilization {u:.2f} < {settings.lower}"
+    mix: str | None = None
+    why = ""
     if load.requests >= settings.min_requests:
         s_long = load.long_share
         c_large = k_large / k_cap if k_cap > 0 else 0.0
         if s_long > c_large + settings.mix_margin:
-            return "merge", f"long share {s_long:.2f} > large-degree share {c_large:.2f}"
-        if s_long < c_large - settings.mix_margin:
-            return "split", f"long share {s_long:.2f} < large-degree share {c_large:.2f}"
-    return None, ""
+            mix, why = "merge", f"long share {s_long:.2f} > large-degree share {c_large:.2f}"
+        elif s_long < c_large - settings.mix_margin:
+            mix, why = "split", f"long share {s_long:.2f} < large-degree share {c_large:.2f}"
+    if u < settings.lower:
+        if mix == "split" and settings.mix_below_lower:
+            return "split", f"{why} (utilization {u:.2f} < {settings.lower})"
+        return "merge", f"utilization {u:.2f} < {settings.lower}"
+    return mix, why
 
 
 def _capacities(
@@ -626,14 +644,39 @@ def _capacities_of(
 
 def _merge_admitted(
     k_cap: float,
+    k_large: float,
     degree: int,
     loads: Sequence[WindowObservation],
     capacity: CapacityProfile,
     settings: PlannerSettings,
 ) -> bool:
-    """A merge of two degree-``degree`` workers keeps D/(H·K') ≤ merge_admit for every load."""
+    """A merge of two degree-``degree`` workers (of a composition with capacity ``k_cap``,
+    ``k_large`` of it in largest-degree workers) is admitted for every load.
+
+    Capacity: D/(H·K') ≤ ``merge_admit`` for the merged capacity K'. With
+    ``mix_below_lower``, a load whose merge request comes from low utilization
+    (u < ``lower``; an efficiency preference) also needs the merged
+    composition not to ask for a split back on the long share:
+    s_long ≥ c_large' − ``mix_margin`` (the long-share analogue of
+    ``merge_admit`` ≤ ``upper``). Merges the long share asks for (u between
+    the thresholds) are admitted on capacity alone, as before.
+    """
     k_after = k_cap - 2 * capacity.kappa(degree) + capacity.kappa(2 * degree)
-    return all(w.demand_s <= settings.merge_admit * settings.window_s * k_after for w in loads)
+    h = settings.window_s
+    if not all(w.demand_s <= settings.merge_admit * h * k_after for w in loads):
+        return False
+    if not settings.mix_below_lower or k_after <= 0:
+        return True
+    large = max(settings.degrees)
+    c_after = (k_large + (capacity.kappa(2 * degree) if 2 * degree >= large else 0.0)) / k_after
+    for w in loads:
+        if (
+            w.demand_s / (h * k_cap) < settings.lower  # as _signal computes u
+            and w.requests >= settings.min_requests
+            and w.long_share < c_after - settings.mix_margin
+        ):
+            return False
+    return True
 
 
 def _apply(slots: Sequence[Slot], op: Op, new_ids: Sequence[int]) -> list[Slot]:
@@ -816,7 +859,7 @@ def _walk(
         live = [(b, c) for b, c in buckets.items() if c.alive]
         if not splitting:
             ok = {
-                d: _merge_admitted(k_cap, d, loads, capacity, settings)
+                d: _merge_admitted(k_cap, k_large, d, loads, capacity, settings)
                 for d in {b[1] for b, _ in live}
             }
             live = [(b, c) for b, c in live if ok[b[1]]]
@@ -925,13 +968,16 @@ def step(
 
     Signals, in order of precedence:
 
-    1. **capacity**: u > ``upper`` asks for a split; u < ``lower`` for a merge;
-    2. **long-request fraction** (only when u is between the thresholds, i.e.
-       the demand is stable): the long requests' share of the demand, s_long,
-       against the share of the capacity held by the largest-degree workers,
-       c_large. s_long > c_large + ``mix_margin`` (long requests became more
-       common than the composition caters for) asks for a merge;
-       s_long < c_large − ``mix_margin`` asks for a split.
+    1. **capacity**: u > ``upper`` asks for a split, whatever the mix;
+    2. **long-request fraction**: the long requests' share of the demand,
+       s_long, against the share of the capacity held by the largest-degree
+       workers, c_large. s_long > c_large + ``mix_margin`` (long requests
+       became more common than the composition caters for) asks for a merge;
+       s_long < c_large − ``mix_margin`` asks for a split;
+    3. **low utilization**: u < ``lower`` asks for a merge, unless the long
+       share asks for a split (``mix_below_lower``; a low-utilization merge
+       is an efficiency preference, not a capacity requirement, and with it
+       off u < ``lower`` asks for a merge whatever the mix).
 
     Why shares rather than "the fraction rose since last time": the paper
     gives no formula; a reference taken from the composition itself gives
@@ -944,7 +990,11 @@ def step(
     other window resets the streak (``follow_through``: after acting, one more
     window suffices for the next step the same way). A merge is admitted only if D/(H·K') ≤
     ``merge_admit`` for the merged capacity K' — otherwise the window counts
-    as asking for nothing (capacity wins). While a transition is in
+    as asking for nothing (capacity wins). A merge asked for by low
+    utilization is, with ``mix_below_lower``, also admitted only if the
+    merged composition's long share would not ask for a split back
+    (:func:`_merge_admitted`), so the low-utilization merges stop at the long
+    share's fixed point instead of flapping around it. While a transition is in
     progress (``obs.reconfiguring`` or uncommitted operations) the
     controller only keeps its streaks at zero.
 
@@ -966,7 +1016,7 @@ def step(
     if want == "merge":
         allowed = set(settings.degrees)
         if not any(
-            _merge_admitted(k_cap, a.degree, (obs,), capacity, settings)
+            _merge_admitted(k_cap, k_large, a.degree, (obs,), capacity, settings)
             for a, _ in _buddy_pairs(state.layout, allowed)
         ):
             want = None  # capacity wins: the merged pool could not carry this demand
