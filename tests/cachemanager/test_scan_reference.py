@@ -354,3 +354,13 @@ def test_forgotten_in_place_nodes_give_their_slots_back() -> None:
     mgr.record(first[0], 4, access=1.0)
     assert mgr.counters(first[0])[0] == {4: pytest.approx(1.0625)}
     assert mgr.counters(second[0])[0] == {4: pytest.approx(1.5)}
+
+
+@pytest.mark.parametrize("seed", range(0, 40, 4))
+def test_scan_matches_full_reference_mid_batches(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """First batches of 3 pairs: the selections cut inside ties (partition and
+    counting paths of ``_lex_select``) and batch after batch, reclamation's
+    dense selection partitions instead of taking a mass of ties."""
+    monkeypatch.setattr(Ranking, "batch", 3)
+    _scenario(seed, wide_keys=False)
+    _scenario(1000 + seed % 6, wide_keys=True)

@@ -18,17 +18,29 @@ each list. :class:`Ranking` therefore works in three steps:
    and for each a *bound* on its key that needs no trie access (the most
    favourable replica count and footprint: r = 1 or the number of degree-C
    workers, footprint ≥ 1).
-2. In increasing order of that bound, in batches that grow 4× (the first one
+2. In increasing order of that bound, in batches that grow (the first one
    sized for the selection, so a small table is one batch: a plain exact
-   evaluation and sort): replica counts and the in-trie check for the whole
-   batch at C speed (``map`` over the holder sets), then NumPy for scores.
+   evaluation and sort; intra sizes the next one from the band still
+   waiting): replica counts and the in-trie check for the whole batch at C
+   speed (``map`` over the holder sets), then NumPy for scores.
+   Reclamation, which reads ~8 × 256 of up to (tracked nodes × degrees)
+   pairs, mostly ties at access 0, selects its batches over dense per-degree
+   blocks of the table (:func:`_lex_batches_dense`: a pair that is no
+   candidate has bound +inf), with no index array over all pairs; the tie
+   columns are cut column by column (:func:`_lex_select`), depths by
+   counting rather than partitioning.
 3. Footprints (path walks, Python) only for the intra/inter items read, one
    at a time in order of the exact part of the key (:func:`_exact_order`).
+   A walk goes only as far as it can matter against the best key found so
+   far: an inter candidate with ``missed`` m stops after m/score(best)
+   blocks without a holder (an intra one after the best's footprint, in
+   its band) and comes back later with the floor found, (−m/f, f), if the
+   reader gets that far.
 
 A key found below the bound of every item not yet evaluated is final, so each
 list comes out exactly as a full sort would order it
 (``tests/cachemanager/test_scan_reference.py`` checks that against a naive
-reference, with tiny and huge batches on the same tries).
+reference, with tiny, small and huge batches on the same tries).
 """
 
 from __future__ import annotations
@@ -104,6 +116,8 @@ class Ranking:
         """Available worker ids per degree: ReplicaCount(z, C) = |holders ∩ ids[C]|."""
         self.room = {w.id: s.max_copy_fraction * w.cache_capacity_blocks for w in workers}
         """Most blocks a copy to each worker may need ("enough capacity")."""
+        self._reach: dict[frozenset[int], float] = {}
+        """Most room among a set of destinations (walks start from a few sets)."""
         for c in sorted(self.by_degree):
             table.column(c)  # a column per available degree (reclamation reads zeros too)
         self.trie_get = view.trie.nodes.get
@@ -179,6 +193,20 @@ class Ranking:
         r[many] = r_some
         return nodes, r
 
+    def _unheld(self, slots: _Array, cols: _Array) -> tuple[list[TrieNode], _Array]:
+        """For a batch of pairs, at C speed: the nodes and whether
+        ReplicaCount(z, C) = 0 (no set is built, unlike :meth:`_replicas`)."""
+        nodes = cast(list[TrieNode], list(map(self.table.nodes.__getitem__, slots.tolist())))
+        holders = list(map(_holders, nodes))
+        out = np.zeros(len(nodes), dtype=bool)
+        for col, c in self.columns:
+            m = cols == col
+            k = int(np.count_nonzero(m))
+            if k:
+                sets = compress(holders, m.tolist())
+                out[m] = np.fromiter(map(self.ids[c].isdisjoint, sets), bool, k)
+        return nodes, out
+
     def _in_trie(self, nodes: list[TrieNode], slots: _Array, keep: _Array) -> _Array:
         """``keep`` (indices into the batch) less the nodes that left the trie,
         whose slots go to ``gone``."""
@@ -196,11 +224,13 @@ class Ranking:
             return True
         return ~np.isin(slots * len(self.table.degrees) + cols, self.covered_ids)
 
-    def _footprint(self, node: TrieNode, c: int) -> int | None:
+    def _footprint(self, node: TrieNode, c: int, cap: int | None = None) -> int | None:
         """Fewest blocks a feasible degree-C destination lacks for a copy of z, or
         None (as of the scan's start), by one walk up from z that stops at the
         first feasible destination: what a destination lacks only grows with
-        the distance to the deepest ancestor it holds."""
+        the distance to the deepest ancestor it holds. With ``cap``, a walk
+        that finds no holder within ``cap`` blocks stops there and returns −f
+        (f > cap): the footprint, if any, is at least f."""
         key, depth = node.key, node.depth
         pend = self.ids[c] - node.holders
         if key in self.copy_dest_keys:
@@ -208,23 +238,33 @@ class Ranking:
         if not pend:
             return None
         room = self.room
-        reach = max(room[w] for w in pend)
+        reach = self._reach.get(pend)
+        if reach is None:
+            reach = self._reach[pend] = max(room[w] for w in pend)
         n = node.parent
-        while n is not None:
+        stop = depth - cap if cap is not None else 0
+        while True:
+            # Up to the nearest ancestor that some destination left holds: the
+            # walk's hot loop, one C call per block. (What a destination lacks
+            # only grows on the way, so nothing is decided in between.)
+            while n is not None and n.depth >= stop and n.holders.isdisjoint(pend):
+                n = n.parent
+            if n is None:
+                # The rest hold nothing of the path.
+                return depth if depth <= reach else None
             missing = depth - n.depth
             if missing > reach:
                 return None  # more than any of them may take, and growing
-            if not n.holders.isdisjoint(pend):
-                hit = n.holders & pend
-                if any(missing <= room[w] for w in hit):
-                    return missing
-                pend = pend - hit
-                if not pend:
-                    return None
-                reach = max(room[w] for w in pend)
+            if n.depth < stop:
+                return -missing  # (not n nor anything above it looked at)
+            hit = n.holders & pend
+            if any(missing <= room[w] for w in hit):
+                return missing
+            pend = pend - hit
+            if not pend:
+                return None
+            reach = max(room[w] for w in pend)
             n = n.parent
-        # The rest hold nothing of the path.
-        return depth if depth <= reach else None
 
     def _band(self, score: float) -> float:
         """Near-tie band of an intra score (higher is better): geometric buckets
@@ -240,29 +280,36 @@ class Ranking:
         slots, cols = self._pairs(lambda col, c: np.flatnonzero((self.missed[col] > t) & used))
         missed = self._gather(self.missed, slots, cols)
 
-        def bounded() -> Iterator[tuple[_Key, tuple[TrieNode, int, float]]]:
+        def bounded() -> Iterator[tuple[_Key, _InterItem]]:
             # missed/footprint ≤ missed (a footprint is ≥ 1 block): the bound
             # (−missed,) is ≤ the key. Replica counts and coverage per batch.
             for head in _lex_batches([(-missed).__getitem__], slots.size, first):
                 sl, co = slots[head], cols[head]
-                nodes, r = self._replicas(sl, co)
-                keep = np.flatnonzero((r == 0) & self._not_covered(sl, co))
+                nodes, none_held = self._unheld(sl, co)
+                keep = np.flatnonzero(none_held & self._not_covered(sl, co))
                 keep = self._in_trie(nodes, sl, keep)
-                for i, m in zip(keep.tolist(), missed[head[keep]].tolist(), strict=True):
-                    yield (-m,), (nodes[i], self.table.degrees[int(co[i])], m)
+                degrees = self.table.degrees
+                for i, col, m in zip(
+                    keep.tolist(), co[keep].tolist(), missed[head[keep]].tolist(), strict=True
+                ):
+                    yield (-m,), (nodes[i], degrees[col], m)
 
-        for _, cand in _exact_order(bounded(), self._inter_key):
-            yield cand
+        for (neg_score, fp, neg_depth, key, c), _ in _exact_order(bounded(), self._inter_key):
+            yield Candidate("inter", key, c, 0, -neg_score, fp, -neg_depth)
 
-    def _inter_key(self, item: tuple[TrieNode, int, float]) -> tuple[_Key, Candidate] | None:
+    def _inter_key(self, item: _InterItem, top: _Key | None) -> _Exact:
+        # Walked only as far as it can matter against ``top``, the smallest
+        # key known: past m/score(top) blocks, the item ranks after it and
+        # comes back with the floor found, (−missed/f, f) (a footprint ≥ f).
+        # The Candidate is made from the key, for the items read only.
         node, c, missed = item
-        fp = self._footprint(node, c)
+        cap = int(missed / -top[0]) + 1 if top is not None and top[0] < 0 else None
+        fp = self._footprint(node, c, cap)
         if fp is None:
             return None
-        score = missed / fp
-        return (-score, fp, -node.depth, node.key, c), Candidate(
-            "inter", node.key, c, 0, score, fp, node.depth
-        )
+        if fp < 0:
+            return (missed / fp, -fp), item, False
+        return (-(missed / fp), fp, -node.depth, node.key, c), None, True
 
     # -- intra ----------------------------------------------------------------------
 
@@ -276,10 +323,14 @@ class Ranking:
         log_step = math.log1p(tol) if tol > 0 else 0.0
         degrees = self.table.degrees
 
-        def batches() -> Iterator[tuple[list[tuple[_Key, _IntraItem]], _Key | None]]:
+        def batches() -> Generator[
+            tuple[list[tuple[_Key, _IntraItem]], _Key | None], _Key | None, None
+        ]:
             # Stage 1, exact: (−band, key, C), from replica counts per batch.
             done = 0
-            for head in _lex_batches([neg_access.__getitem__], slots.size, first):
+            heads = _lex_batches([neg_access.__getitem__], slots.size, first)
+            head = next(heads, None)
+            while head is not None:
                 done += head.size
                 sl, co = slots[head], cols[head]
                 nodes, r = self._replicas(sl, co)
@@ -302,21 +353,38 @@ class Ranking:
                 # access, so its band is at most that one's (plus a hair of
                 # slack against rounding at a band edge).
                 last = float(a[-1]) * (1 + 1e-9) if log_step else float(a[-1])
-                yield rows, ((-self._band(last),) if done < slots.size else None)
+                if done == slots.size:
+                    yield rows, None
+                    return
+                top = yield rows, (-self._band(last),)
+                # Next: past every item whose access reaches the band of the
+                # last key output (its floor settles that band), at least
+                # twice this batch.
+                need = 0
+                if top is not None:
+                    edge = math.exp(-top[0] * log_step) * (1 - 1e-6) if log_step else -top[0]
+                    need = int(np.count_nonzero(access >= edge)) - done + 1
+                head = heads.send(None if self.batch else max(need, 2 * head.size))
 
         # Stage 2: footprints (path walks) only for the bands read.
         staged = (((key[0],), item) for key, item in _merge_batches(batches()))
         for _, cand in _exact_order(staged, self._intra_key):
-            yield cand
+            yield cast(Candidate, cand)
 
-    def _intra_key(self, item: _IntraItem) -> tuple[_Key, Candidate] | None:
+    def _intra_key(self, item: _IntraItem, top: _Key | None) -> _Exact:
+        # Within the band of ``top`` (the smallest key known), walked only up
+        # to its footprint: past that, the item ranks after it and comes back
+        # with the floor found, (−band, f) (a footprint ≥ f).
         node, c, r, score, band = item
-        fp = self._footprint(node, c)
+        cap = top[1] if top is not None and top[0] == -band else None
+        fp = self._footprint(node, c, cap)
         if fp is None:
             return None
+        if fp < 0:
+            return (-band, -fp), item, False
         return (-band, fp, -score, node.key, c), Candidate(
             "intra", node.key, c, r, score, fp, node.depth
-        )
+        ), True
 
     # -- reclaim ----------------------------------------------------------------------
 
@@ -329,39 +397,40 @@ class Ranking:
         t, min_r = s.theta_reclaim, s.reclaim_min_replicas
         used = self.depth > 0
         most = {c: len(ws) for c, ws in self.by_degree.items()}
-        bounds = []
-
-        def select(col: int, c: int) -> _Array:
-            if most[c] < min_r:
-                sl = np.zeros(0, dtype=np.intp)
-            else:
-                sl = np.flatnonzero((self.access[col] < most[c] * t) & used)
-            # access/r ≥ access/R_C (R_C: the degree-C workers), so the bound
-            # (access/R_C, −depth, key, C) is ≤ the key.
-            bounds.append(self.access[col][sl] / most[c])
-            return sl
-
-        slots, cols = self._pairs(select)
-        n = slots.size
-        bound = np.concatenate(bounds) if bounds else np.zeros(0)
+        blocks = [(col, c) for col, c in self.columns if most[c] >= min_r]
+        if not blocks:
+            return []
+        # Pairs as ids p = j·N + slot over dense blocks, one per degree j that
+        # can have r ≥ min_r (N: the table's size), so the mass of pairs is
+        # never gathered: a pair that is no candidate (or already evaluated)
+        # has bound +inf. access/r ≥ access/R_C (R_C: the degree-C workers),
+        # so the bound (access/R_C, −depth, key, C) is ≤ the key.
+        size = self.depth.size
+        bound = np.empty(len(blocks) * size)
+        for j, (col, c) in enumerate(blocks):
+            a, seg = self.access[col], bound[j * size : (j + 1) * size]
+            np.divide(a, most[c], out=seg)
+            np.copyto(seg, np.inf, where=~((a < most[c] * t) & used))
+        block_col = np.array([col for col, _ in blocks], dtype=np.intp)
+        block_degree = np.array([c for _, c in blocks], dtype=np.int64)
         depth, degrees = self.depth, np.array(self.table.degrees, dtype=np.int64)
         if self.table.wide_keys:
             nodes = self.table.nodes
 
-            def keys(i: _Array) -> _Array:
-                return np.array([nodes[x].key for x in slots[i].tolist()], dtype=object)  # type: ignore[union-attr]
+            def keys(p: _Array) -> _Array:
+                return np.array([nodes[x].key for x in (p % size).tolist()], dtype=object)  # type: ignore[union-attr]
         else:
             all_keys = np.frombuffer(self.table.keys, dtype=np.uint64)
 
-            def keys(i: _Array) -> _Array:
-                return all_keys[slots[i]]
+            def keys(p: _Array) -> _Array:
+                return all_keys[p % size]
 
         # (Key columns after the first are computed for ties only.)
         columns: list[Callable[[_Array], _Array]] = [
             bound.__getitem__,
-            lambda i: -depth[slots[i]],
+            lambda p: -depth[p % size],
             keys,
-            lambda i: degrees[cols[i]],
+            lambda p: block_degree[p // size],
         ]
 
         # Exact keys per batch, as columns; the head so far is final once its
@@ -369,11 +438,12 @@ class Ranking:
         # items have bounds, hence keys, at least that).
         found: list[list[_Array]] = []
         done = valid = 0
-        batches = _lex_batches(columns, n, self.batch or 8 * want)
+        n = int(np.count_nonzero(bound < np.inf))
+        batches = _lex_batches_dense(bound, columns[1:], n, self.batch or 8 * want)
         head = next(batches, None)
         while head is not None:
             done += head.size
-            sl, co = slots[head], cols[head]
+            sl, co = head % size, block_col[head // size]
             batch_nodes, r = self._replicas(sl, co, min_r)
             a = self._gather(self.access, sl, co)
             keep = self._in_trie(batch_nodes, sl, np.flatnonzero((r >= min_r) & (a < r * t)))
@@ -403,6 +473,10 @@ class Ranking:
 
 _IntraItem = tuple[TrieNode, int, int, float, float]
 """(node, degree, replicas, access/r, band)."""
+_InterItem = tuple[TrieNode, int, float]
+"""(node, degree, missed)."""
+_Exact = tuple[_Key, Any, bool] | None
+"""What ``_exact_order``'s ``exact`` returns: (key, value, True), (bound, item, False) or None."""
 
 
 def _lex_batches(
@@ -425,34 +499,80 @@ def _lex_batches(
         k = size or 4 * k
 
 
+def _lex_batches_dense(
+    primary: _Array, rest: Sequence[Callable[[_Array], _Array]], n: int, first: int
+) -> Generator[_Array, int | None, None]:
+    """As :func:`_lex_batches`, for the ``n`` items i whose first key
+    ``primary[i]`` is finite (others are not items), the later key columns
+    ``rest``: no index array over all of ``primary`` is built or gathered
+    through. Taken items are set to +inf in ``primary`` (when the reader asks
+    for the next batch), which is why it is the caller's scratch array."""
+    k = max(1, first)
+    while n:
+        if n <= k:
+            head = np.flatnonzero(primary < np.inf)
+        else:
+            low = primary.min()
+            at_low = primary == low
+            ties = int(np.count_nonzero(at_low))
+            if ties >= k:
+                below, tied = np.zeros(0, dtype=np.intp), np.flatnonzero(at_low)
+            else:
+                kth = np.partition(primary, k - 1)[k - 1]
+                below, tied = np.flatnonzero(primary < kth), np.flatnonzero(primary == kth)
+            head = np.concatenate([below, _lex_select(rest, tied, k - below.size)])
+        head = _lex_sort([primary.__getitem__, *rest], head)
+        size = yield head
+        if head.size >= n:
+            return
+        primary[head] = np.inf
+        n -= head.size
+        k = size or 4 * k
+
+
 def _lex_head(keys: Sequence[Callable[[_Array], _Array]], idx: _Array, k: int) -> _Array:
-    """The ``k`` lexicographically smallest of items ``idx`` (all if fewer), sorted.
+    """The ``k`` lexicographically smallest of items ``idx`` (all if fewer), sorted."""
+    return _lex_sort(keys, _lex_select(keys, idx, k))
+
+
+def _lex_select(keys: Sequence[Callable[[_Array], _Array]], idx: _Array, k: int) -> _Array:
+    """The ``k`` lexicographically smallest of items ``idx`` (all if fewer), in
+    no particular order.
 
     Selection column by column: items below the k-th value of a column are in,
     items equal to it go on to the next column, so later columns are computed
-    for ties only. O(len(idx)) per column, plus sorting the head.
+    for ties only. O(len(idx)) per column: a column of small integers (depths)
+    is cut by counting, not partitioned (a mass of ties partitions slowly).
     """
-    if idx.size > k:
-        parts = []
-        for f in keys:
-            v = f(idx)
-            low = v.min()
-            if np.count_nonzero(v == low) >= k:
-                kth = low  # (common: a mass of ties at the bottom, slow to partition)
-            elif v.dtype == object:
-                kth = np.sort(v)[k - 1]
-            else:
-                kth = np.partition(v, k - 1)[k - 1]
-            below = v < kth
-            parts.append(idx[below])
-            k -= int(np.count_nonzero(below))
-            idx = idx[v == kth]
-            if idx.size <= k:
-                break
+    if idx.size <= k:
+        return idx
+    parts = []
+    for f in keys:
+        v = f(idx)
+        low = v.min()
+        if np.count_nonzero(v == low) >= k:
+            kth = low  # (common: a mass of ties at the bottom, slow to partition)
+        elif v.dtype == object:
+            kth = np.sort(v)[k - 1]
+        elif v.dtype.kind in "iu" and int(v.max()) - int(low) <= 4 * v.size:
+            counts = np.cumsum(np.bincount((v - low).astype(np.intp)))
+            kth = low + v.dtype.type(np.searchsorted(counts, k))
         else:
-            idx = idx[:k]  # equal in every column: any k of them
-        parts.append(idx)
-        idx = np.concatenate(parts)
+            kth = np.partition(v, k - 1)[k - 1]
+        below = v < kth
+        parts.append(idx[below])
+        k -= int(np.count_nonzero(below))
+        idx = idx[v == kth]
+        if idx.size <= k:
+            break
+    else:
+        idx = idx[:k]  # equal in every column: any k of them
+    parts.append(idx)
+    return np.concatenate(parts)
+
+
+def _lex_sort(keys: Sequence[Callable[[_Array], _Array]], idx: _Array) -> _Array:
+    """Items ``idx`` in increasing lexicographic order of their keys."""
     cols = [f(idx) for f in keys]
     if any(c.dtype == object for c in cols):
         rows = list(zip(*[c.tolist() for c in cols], strict=True))
@@ -461,38 +581,78 @@ def _lex_head(keys: Sequence[Callable[[_Array], _Array]], idx: _Array, k: int) -
 
 
 def _merge_batches(
-    batches: Iterable[tuple[list[tuple[_Key, _V]], _Key | None]],
-) -> Iterator[tuple[_Key, _V]]:
+    batches: Generator[tuple[list[tuple[_Key, _V]], _Key | None], _Key | None, None],
+) -> Iterator[tuple[_Key, _V | None]]:
     """(key, value) in increasing key order, from batches of (rows, floor):
     the rows of a batch in any order, ``floor`` ≤ the key of every row of the
-    later batches (None after the last). Keys are unique."""
+    later batches (None after the last). Keys are unique. After each batch
+    but the last, (floor, None): no later key is below it (so a reader can
+    settle what it holds before the next batch is computed). Each next batch
+    is asked for with the last key output (None if none), which the source
+    may use to size it."""
     heap: list[tuple[_Key, _V]] = []
-    for rows, floor in batches:
+    last: _Key | None = None
+    got = next(batches, None)
+    while got is not None:
+        rows, floor = got
         for row in rows:
             heapq.heappush(heap, row)
         while heap and (floor is None or heap[0][0] < floor):
-            yield heapq.heappop(heap)
+            row = heapq.heappop(heap)
+            last = row[0]
+            yield row
+        if floor is None:
+            return
+        yield floor, None
+        try:
+            got = batches.send(last)
+        except StopIteration:
+            return
 
 
 def _exact_order(
-    stream: Iterable[tuple[_Key, _T]],
-    exact: Callable[[_T], tuple[_Key, _V] | None],
-) -> Iterator[tuple[_Key, _V]]:
+    stream: Iterable[tuple[_Key, _T | None]],
+    exact: Callable[[_T, _Key | None], _Exact],
+) -> Iterator[tuple[_Key, Any]]:
     """(key, value) of the items of ``stream`` in increasing order of exact key.
 
-    ``stream`` yields (bound, item) with non-decreasing bounds; ``exact(item)``
-    is None (not a candidate) or (key, value) with key ≥ the item's bound, keys
-    unique. A computed key below the next item's bound is below the key of
-    every item not computed yet (key ≥ bound ≥ that bound), so it is next in
-    the full order: the output is the full sort, while ``exact`` runs only for
-    the items read plus those whose bound does not exceed the last key read.
+    ``stream`` yields (bound, item) with non-decreasing bounds (item None:
+    a bound for what follows, no item). ``exact(item,
+    top)``, with ``top`` the smallest key computed and not yet output (None
+    if none), is None (not a candidate), (key, value, True) with key ≥ the
+    item's bound, keys unique, or (bound, item, False): a bound above
+    ``top`` and above the item's previous one, and the item comes back when
+    that bound is reached. A computed key below every bound still waiting is
+    below the key of every item not computed yet, so it is next in the full
+    order: the output is the full sort, while ``exact`` runs only for the
+    items read plus those whose bound does not exceed the last key read.
     """
-    heap: list[tuple[_Key, _V]] = []
-    for bound, item in stream:
+    heap: list[tuple[_Key, Any]] = []
+    later: list[tuple[_Key, int, _T]] = []  # items back with a higher bound
+    it = iter(stream)
+    nxt = next(it, None)
+    seq = 0
+    item: _T | None
+    while True:
+        if later and (nxt is None or later[0][0] < nxt[0]):
+            bound, _, item = heapq.heappop(later)
+        elif nxt is not None:
+            bound, item = nxt
+            nxt = next(it, None)
+        else:
+            break
         while heap and heap[0][0] < bound:
             yield heapq.heappop(heap)
-        found = exact(item)
-        if found is not None:
-            heapq.heappush(heap, found)
+        if item is None:
+            continue  # (a bound alone: nothing later is below it)
+        found = exact(item, heap[0][0] if heap else None)
+        if found is None:
+            continue
+        key, value, final = found
+        if final:
+            heapq.heappush(heap, (key, value))
+        else:
+            heapq.heappush(later, (key, seq, cast(_T, value)))
+            seq += 1
     while heap:
         yield heapq.heappop(heap)
