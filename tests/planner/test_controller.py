@@ -101,8 +101,9 @@ def test_near_equal_drains_are_ranked_by_reconciliation_traffic() -> None:
 
 def test_merge_when_demand_stays_low_and_capacity_remains() -> None:
     # Merging two CP4 into one CP8: K' = 3.8 - 1.0 + 0.6 = 3.4/s -> 34 s per window.
-    # Long share 0.7: 2xCP4+4xCP8 (CP8 share 0.71) would not split back on it.
-    state, ds = run(start(), [window(0.4, long_share=0.7)] * 3)
+    # Long share 0.75: at least 2xCP4+4xCP8's CP8 share (0.71), the balance
+    # point a low-utilization merge may reach.
+    state, ds = run(start(), [window(0.4, long_share=0.75)] * 3)
     assert ds[:2] == [None, None]
     assert isinstance(ds[2], Merge) and ds[2].workers == (0, 1)
     assert state.pending == (ds[2],)
@@ -273,3 +274,27 @@ def test_overload_splits_whatever_the_long_share_at_low_and_high_mix() -> None:
     for share in (0.0, 1.0):
         _, ds = run(start("5xCP8"), [window(1.2 * 30 / 38, long_share=share)] * 3)
         assert isinstance(ds[2], Split) and ds[2].reason.startswith("utilization")
+
+
+def test_low_utilization_merge_lands_a_full_margin_clear_of_a_split_back() -> None:
+    # 6xCP4+2xCP8 at u ≈ 0.27 (CP8 share 1.2/4.2 = 0.29). The long share
+    # alternates in runs around 4xCP4+3xCP8's split threshold, 0.474 - 0.1 =
+    # 0.374. Admitting the merge at that threshold flapped: 3 windows at 0.384
+    # merged, 3 at 0.364 split back, and so on. The merge must now land at or
+    # below the balance point (CP8 share 0.474 ≤ long share), so nothing
+    # happens: 0.364 and 0.384 are both neutral on 6xCP4+2xCP8.
+    state = start("6xCP4+2xCP8")
+    for _ in range(4):
+        state, ds = run(state, [window(0.3, long_share=0.384)] * 3 + [window(0.3, 0.364)] * 3)
+        assert ds == [None] * 6
+    assert state.history == ()
+    # A long share at the balance point merges; windows within a margin of it
+    # (0.40 / 0.42 > 0.374) then keep the merged pool where it is.
+    state, ds = run(state, [window(0.3, long_share=0.48)] * 3)
+    assert isinstance(ds[2], Merge)
+    state = commit(state, [100])
+    state, ds = run(state, [window(0.3, long_share=0.40), window(0.3, long_share=0.42)] * 6)
+    assert ds == [None] * 12
+    # A full margin below it, the split back is asked for.
+    _, ds = run(state, [window(0.3, long_share=0.36)] * 3)
+    assert isinstance(ds[2], Split)

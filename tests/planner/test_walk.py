@@ -11,6 +11,7 @@ behave as before (they only call the walk).
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 
@@ -52,9 +53,15 @@ CAP = CapacityProfile({1: 0.29, 2: 0.38, 4: 0.46, 8: 0.63})
 def _capacities_reference(
     degrees, capacity: CapacityProfile, settings: PlannerSettings
 ) -> tuple[float, float]:
+    # Exactly rounded sums of the multiset (as the planner's): a long share
+    # exactly at the merged large-degree share (1.0 on an all-largest pool)
+    # must not be decided by the last bit of a running sum.
     degs = list(degrees)
     large = max(settings.degrees)
-    return capacity.capacity_per_s(degs), capacity.capacity_per_s(d for d in degs if d >= large)
+    return (
+        math.fsum(capacity.kappa(d) for d in degs),
+        math.fsum(capacity.kappa(d) for d in degs if d >= large),
+    )
 
 
 def _rank_reference(
@@ -104,7 +111,6 @@ def _walk_reference(
     busy = {w for op in pending for w in _members(op)}
     real = {s.worker for s in layout.slots} - busy
     k_cap, k_large = _capacities_reference((s.degree for s in slots), capacity, settings)
-    large = max(settings.degrees)
     allowed = set(settings.degrees)
     ops: list[Op] = []
     for _ in range(layout.composition.gpus):
@@ -139,19 +145,8 @@ def _walk_reference(
             break
         op = best
         ops.append(op)
-        gone = [s.degree for s in slots if s.worker in _members(op)]
         slots = _apply(slots, op, fresh(2 if isinstance(op, Split) else 1))
-        d = gone[0]
-        if isinstance(op, Split):
-            k_cap += 2 * capacity.kappa(d // 2) - capacity.kappa(d)
-            k_large += (2 * capacity.kappa(d // 2) if d // 2 >= large else 0.0) - (
-                capacity.kappa(d) if d >= large else 0.0
-            )
-        else:
-            k_cap += capacity.kappa(2 * d) - 2 * capacity.kappa(d)
-            k_large += (capacity.kappa(2 * d) if 2 * d >= large else 0.0) - (
-                2 * capacity.kappa(d) if d >= large else 0.0
-            )
+        k_cap, k_large = _capacities_reference((s.degree for s in slots), capacity, settings)
     return ops, Composition(tuple(s.degree for s in slots))
 
 
@@ -267,7 +262,7 @@ def test_incremental_walk_matches_the_reference(seed: int) -> None:
         got = planner._walk(*args, target=target, limit=limit)
         assert got == want, (seed, layout, pending, loads, direction, limit, target)
         checked += len(want[0])
-    assert checked > 300  # the cases do walk (not only stop at once)
+    assert checked > 250  # the cases do walk (not only stop at once)
 
 
 def test_large_pool_walks_match_the_reference() -> None:

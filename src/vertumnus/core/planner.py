@@ -150,8 +150,10 @@ class PlannerSettings:
     """Below ``lower`` the long-share signal still counts (see :func:`step`):
     a low-utilization merge is an efficiency preference, not a capacity
     requirement, so it yields to a long share that asks for a split, and a
-    merge it asks for is admitted only if the merged composition's long
-    share would not ask to split back. Capacity keeps precedence where it is
+    merge it asks for is admitted only if the merged composition's
+    large-degree capacity share stays at or below the long share (a full
+    ``mix_margin`` clear of a split back; :func:`_merge_admitted`). Capacity
+    keeps precedence where it is
     a requirement: above ``upper`` (split regardless of the mix) and in
     merge admission. False: the earlier rule, under which a low
     utilization overrode the long share (an all-CP8 pool at low load could
@@ -656,10 +658,25 @@ def _merge_admitted(
     Capacity: D/(H·K') ≤ ``merge_admit`` for the merged capacity K'. With
     ``mix_below_lower``, a load whose merge request comes from low utilization
     (u < ``lower``; an efficiency preference) also needs the merged
-    composition not to ask for a split back on the long share:
-    s_long ≥ c_large' − ``mix_margin`` (the long-share analogue of
-    ``merge_admit`` ≤ ``upper``). Merges the long share asks for (u between
-    the thresholds) are admitted on capacity alone, as before.
+    composition to stay at or below the long share's balance point:
+    s_long ≥ c_large', the merged large-degree capacity share (the
+    long-share analogue of ``merge_admit`` ≤ ``upper``). Merges the long
+    share asks for (u between the thresholds) are admitted on capacity
+    alone, as before.
+
+    Why c_large' and not the split threshold c_large' − ``mix_margin``: a
+    merge admitted right at the split threshold lands where the next window's
+    noise asks for the split back (docs/benchmarks/adaptive.md, "Low
+    utilization and the long share": the long share ≈ 0.30 sat at
+    4xCP4+3xCP8's threshold 0.31 and the light Mooncake run moved between it
+    and 6xCP4+2xCP8 33 times in an hour). Landing at or below the balance
+    point means the long share must then fall a full ``mix_margin`` — the
+    controller's own measure of a substantial change of the mix — before a
+    split back is asked for: hysteresis of one margin, with no new
+    parameter. Low utilization may move the pool toward large degrees only
+    as far as the long share supports, never past it. (Half a margin,
+    s_long ≥ c_large' − ``mix_margin``/2, was tried: the same mean TTFT,
+    19 reconfigurations against this rule's 5 on the light Mooncake run.)
     """
     k_after = k_cap - 2 * capacity.kappa(degree) + capacity.kappa(2 * degree)
     h = settings.window_s
@@ -673,7 +690,7 @@ def _merge_admitted(
         if (
             w.demand_s / (h * k_cap) < settings.lower  # as _signal computes u
             and w.requests >= settings.min_requests
-            and w.long_share < c_after - settings.mix_margin
+            and w.long_share < c_after  # balance point, not the split threshold
         ):
             return False
     return True
@@ -992,9 +1009,11 @@ def step(
     ``merge_admit`` for the merged capacity K' — otherwise the window counts
     as asking for nothing (capacity wins). A merge asked for by low
     utilization is, with ``mix_below_lower``, also admitted only if the
-    merged composition's long share would not ask for a split back
-    (:func:`_merge_admitted`), so the low-utilization merges stop at the long
-    share's fixed point instead of flapping around it. While a transition is in
+    merged composition's large-degree capacity share does not exceed the
+    long share (s_long ≥ c_large', :func:`_merge_admitted`), so the
+    low-utilization merges stop at the long share's balance point, a full
+    ``mix_margin`` clear of a split back, instead of flapping around it.
+    While a transition is in
     progress (``obs.reconfiguring`` or uncommitted operations) the
     controller only keeps its streaks at zero.
 
