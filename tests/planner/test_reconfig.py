@@ -172,15 +172,9 @@ reqs_strategy = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(raw=reqs_strategy, ops=ops_strategy, delay=st.sampled_from([0.0, 0.5]))
-def test_no_request_lost_or_served_twice_across_random_reconfigurations(
-    model: PrefillModel, raw, ops, delay
-) -> None:
-    """Random requests (shared prefixes from a tiny alphabet) and random splits/merges.
-
-    Keys are chained by hand: a request's k-th key names its whole prefix.
-    """
+def _requests(raw) -> list[Request]:
+    """Requests from drawn (arrival, symbols, extra tokens); keys chained by
+    hand, so a request's k-th key names its whole prefix."""
     requests = []
     for t, symbols, extra in sorted(raw, key=lambda x: x[0]):
         keys, prev = [], 0
@@ -188,6 +182,38 @@ def test_no_request_lost_or_served_twice_across_random_reconfigurations(
             prev = prev * 7 + s
             keys.append(prev)
         requests.append(Request(len(requests), t, len(keys) * BS + extra, tuple(keys)))
+    return requests
+
+
+def _assert_consistent(sim: Simulation, ex: Executor, result, n_requests: int) -> None:
+    """Every request served exactly once, no transition left open, and the
+    trie's metadata equal to the workers' caches."""
+    ids = [c.request_id for c in result.completions]
+    assert len(ids) == len(set(ids)), "a request was served twice"
+    assert sorted(ids) == list(range(n_requests)), "a request was lost"
+    assert result.rejected == []
+    assert not ex.busy
+    assert result.reconfigurations == len(ex.transitions) == sim.epoch
+    # Every reused block was installed: copies happen before the prefill, and
+    # the cached tokens never exceed what the worker held at start.
+    for c in result.completions:
+        assert 0 <= c.cached_tokens < c.length
+    for w in sim.sim_workers():
+        for key in w.cache.keys_lru_first():
+            assert w.id in sim.trie.nodes[key].holders
+        assert set(w.pending) <= set(w.cache.keys_lru_first())
+    for node in sim.trie.nodes.values():
+        for holder in node.holders:
+            assert sim.has_worker(holder) and node.key in sim.worker(holder).cache
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=reqs_strategy, ops=ops_strategy, delay=st.sampled_from([0.0, 0.5]))
+def test_no_request_lost_or_served_twice_across_random_reconfigurations(
+    model: PrefillModel, raw, ops, delay
+) -> None:
+    """Random requests (shared prefixes from a tiny alphabet) and random splits/merges."""
+    requests = _requests(raw)
     sim = Simulation(pool("2xCP4+CP8", model, blocks_per_gpu=3), Routed())
     ex = Executor(sim, ExecutorSettings(switch_delay_s=delay))
     lattice = planner.PlannerSettings(degrees=(1, 2, 4, 8))
@@ -215,26 +241,9 @@ def test_no_request_lost_or_served_twice_across_random_reconfigurations(
         sim.at(t, lambda c=choice: act(c))
     result = sim.run(requests)
 
-    ids = [c.request_id for c in result.completions]
-    assert len(ids) == len(set(ids)), "a request was served twice"
-    assert sorted(ids) == list(range(len(requests))), "a request was lost"
-    assert result.rejected == []
-    assert not ex.busy
+    _assert_consistent(sim, ex, result, len(requests))
     assert sim.composition.gpus == 16
     assert box["state"].layout.composition == sim.composition
-    assert result.reconfigurations == len(ex.transitions) == sim.epoch
-    # Every reused block was installed: copies happen before the prefill, and
-    # the cached tokens never exceed what the worker held at start.
-    for c in result.completions:
-        assert 0 <= c.cached_tokens < c.length
-    # Trie metadata matches the workers' caches exactly.
-    for w in sim.sim_workers():
-        for key in w.cache.keys_lru_first():
-            assert w.id in sim.trie.nodes[key].holders
-        assert set(w.pending) <= set(w.cache.keys_lru_first())
-    for node in sim.trie.nodes.values():
-        for holder in node.holders:
-            assert sim.has_worker(holder) and node.key in sim.worker(holder).cache
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -250,13 +259,7 @@ def test_no_request_lost_or_served_twice_across_concurrent_reconfigurations(
 ) -> None:
     """As above, but each event starts up to ``k`` disjoint operations at once, next to any
     still in flight; each drains only its own workers and commits under its own epoch."""
-    requests = []
-    for t, symbols, extra in sorted(raw, key=lambda x: x[0]):
-        keys, prev = [], 0
-        for s in symbols:
-            prev = prev * 7 + s
-            keys.append(prev)
-        requests.append(Request(len(requests), t, len(keys) * BS + extra, tuple(keys)))
+    requests = _requests(raw)
     sim = Simulation(pool("4xCP2+2xCP4+CP8", model, blocks_per_gpu=3), Routed())
     ex = Executor(sim, ExecutorSettings(switch_delay_s=delay))
     lattice = planner.PlannerSettings(degrees=(1, 2, 4, 8))
@@ -300,24 +303,11 @@ def test_no_request_lost_or_served_twice_across_concurrent_reconfigurations(
         sim.at(t, lambda c=choice, k=k: act(c, k))
     result = sim.run(requests)
 
-    ids = [c.request_id for c in result.completions]
-    assert len(ids) == len(set(ids)), "a request was served twice"
-    assert sorted(ids) == list(range(len(requests))), "a request was lost"
-    assert result.rejected == []
-    assert not ex.busy and box["state"].pending == ()
+    _assert_consistent(sim, ex, result, len(requests))
+    assert box["state"].pending == ()
     assert sim.composition.gpus == 24
     assert box["state"].layout.composition == sim.composition
-    assert result.reconfigurations == len(ex.transitions) == sim.epoch
     assert ex.max_in_flight == most[0]
-    for c in result.completions:
-        assert 0 <= c.cached_tokens < c.length
-    for w in sim.sim_workers():
-        for key in w.cache.keys_lru_first():
-            assert w.id in sim.trie.nodes[key].holders
-        assert set(w.pending) <= set(w.cache.keys_lru_first())
-    for node in sim.trie.nodes.values():
-        for holder in node.holders:
-            assert sim.has_worker(holder) and node.key in sim.worker(holder).cache
 
 
 def test_concurrent_operations_drain_only_their_own_workers(model: PrefillModel) -> None:
