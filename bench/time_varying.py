@@ -30,7 +30,6 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ from vertumnus.profiles import load_model
 from vertumnus.sim.engine import PoolConfig, SimResult, Simulation
 from vertumnus.sim.phases import PhaseBoundary, apply_phases
 from vertumnus.sim.reconfig import AdaptiveOptions, build_adaptive, transitions_report
+from vertumnus.sim.runner import parse_planner_settings
 from vertumnus.sim.traces import Trace, load_mooncake
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,22 +61,6 @@ GPUS = 40
 
 def workload(spec: str, seed: int) -> tuple[Trace, list[PhaseBoundary]]:
     return apply_phases(load_mooncake(MOONCAKE), spec, seed=seed)
-
-
-def parse_settings(text: str) -> planner.PlannerSettings:
-    """``PlannerSettings`` from ``'name=value,...'`` (empty: the defaults)."""
-    base = planner.PlannerSettings()
-    changes: dict[str, Any] = {}
-    for item in filter(None, (t.strip() for t in text.split(","))):
-        k, v = (x.strip() for x in item.split("="))
-        cur = getattr(base, k)
-        if isinstance(cur, bool):
-            changes[k] = v == "True"
-        elif cur is None or isinstance(cur, float):
-            changes[k] = None if v == "None" else float(v)
-        else:
-            changes[k] = type(cur)(v)
-    return replace(base, **changes)
 
 
 def phase_stats(completions: Sequence[Completion], bounds: Sequence[PhaseBoundary]) -> list[dict]:
@@ -280,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="planner settings for the adaptive pool, e.g. 'window_s=30,persist_windows=3'",
     )
     args = ap.parse_args(argv)
-    control = parse_settings(args.planner)
+    control = parse_planner_settings(args.planner)
     spec = (
         "300s:rate=8,long=0.3,name=high;300s:rate=2,long=6,name=low" if args.quick else args.phases
     )

@@ -91,6 +91,7 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beta", type=float, default=None, help="placement beta when no worker has a queue (>= 1)")
     p.add_argument("--beta-busy", type=float, default=None, help="placement beta when every worker has a queue (>= beta; = beta for a fixed beta)")
     p.add_argument("--lambda", dest="lam", type=float, default=None, help="placement lambda (>= 0)")
+    p.add_argument("--planner", default=None, help="vertumnus-adaptive's controller settings, NAME=VALUE,... (e.g. window_s=30,persist_windows=3,degrees=2/4/8); see PlannerSettings")
     p.add_argument("--slo-scale", type=_positive_float, default=5.0, help="SLO: tau = max(floor, scale x isolated prefill on the largest degree); default 5")
     p.add_argument("--slo-floor", type=_nonneg_float, default=2.0, help="SLO floor in seconds (default 2)")
     p.add_argument("--json", dest="json_out", default=None, help="write results as JSON here")
@@ -104,11 +105,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from vertumnus.core.placement import PlacementParams
     from vertumnus.profiles import DEFAULT_PROFILE, load_model
     from vertumnus.sim import report
-    from vertumnus.sim.runner import RunSettings, parse_policy_specs, run_policy
+    from vertumnus.sim.runner import (
+        RunSettings,
+        parse_planner_settings,
+        parse_policy_specs,
+        run_policy,
+    )
     from vertumnus.sim.traces import load_trace, scale_rate
 
     model = load_model(args.profile or DEFAULT_PROFILE)
     specs = parse_policy_specs(args.compare, args.gpus)
+    planner_settings = parse_planner_settings(args.planner)
     for out in (args.json_out, args.plot):
         if out is not None and not Path(out).resolve().parent.is_dir():
             raise UsageError(f"output folder does not exist: {Path(out).parent}")
@@ -142,6 +149,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         placement=placement,
         seed=args.seed,
         phases=phases,
+        planner=planner_settings,
     )
     show = sys.stderr.isatty() if args.progress is None else args.progress
     print(

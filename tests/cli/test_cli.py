@@ -39,6 +39,11 @@ def test_simulate_writes_json_and_plot(tmp_path):
         (["--trace", "/nonexistent/t.jsonl"], "t.jsonl"),
         (["--trace", "foo.txt"], "unrecognized trace"),
         (["--profile", "no-such-profile"], "unknown profile"),
+        (["--planner", "window=30"], "unknown planner setting 'window' (known: window_s,"),
+        (["--planner", "window_s=abc"], "planner setting window_s: expected a number, got 'abc'"),
+        (["--planner", "multi_step=maybe"], "planner setting multi_step: expected true or false"),
+        (["--planner", "persist_windows"], "expected NAME=VALUE"),
+        (["--planner", "lower=0.95"], "lower"),  # PlannerSettings' own range check
     ],
 )
 def test_simulate_errors_are_one_clear_line(args, message):
@@ -108,6 +113,30 @@ def test_adaptive_and_phases_through_the_cli(tmp_path):
     assert [p["label"] for p in adaptive["phases"]] == [p["label"] for p in fixed["phases"]]
     assert len(adaptive["phases"]) == 4
     assert sum(p["requests"] for p in fixed["phases"]) == fixed["requests"]
+
+
+def test_planner_settings_reach_the_adaptive_controller(tmp_path):
+    """--planner changes what vertumnus-adaptive does: with one-operation-per-window
+    stepping and no follow-through it cannot move faster than the window clock."""
+    from vertumnus.sim.runner import parse_planner_settings
+
+    s = parse_planner_settings("window_s=30, persist_windows=3,multi_step=false,degrees=2/4/8")
+    assert (s.window_s, s.persist_windows, s.multi_step, s.degrees) == (30.0, 3, False, (2, 4, 8))
+    assert parse_planner_settings(None) == parse_planner_settings("")
+
+    runs = {}
+    for label, planner in (("default", None), ("slow", "window_s=60,persist_windows=4")):
+        out = tmp_path / f"{label}.json"
+        argv = [
+            "simulate", "--trace", "synthetic:duration_s=240", "--phases",
+            "60s:rate=3,long=0.3;60s:rate=0.5,long=4;repeat=2", "--compare", "vertumnus-adaptive",
+            "--json", str(out),
+        ]
+        assert main(argv + (["--planner", planner] if planner else [])) == 0
+        runs[label] = json.loads(out.read_text())["policies"]["vertumnus-adaptive"]
+    # Four 60 s windows of persistence cannot confirm anything in a 240 s run.
+    assert runs["slow"]["reconfigurations"] == 0
+    assert runs["default"]["reconfigurations"] > 0
 
 
 def test_help_lists_every_policy_kind():

@@ -61,6 +61,7 @@ def _with_cache_manager(make_policy: Callable[[RunSettings], Policy]) -> Builder
 def _adaptive(spec: PolicySpec, trace: Trace, settings: RunSettings) -> Simulation:
     options = AdaptiveOptions(
         gpus=settings.gpus,
+        control=settings.planner,
         placement=settings.placement,
         cache_blocks_per_gpu=settings.cache_blocks_per_gpu,
         t_ext_s=settings.t_ext_s,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -18,6 +18,7 @@ import numpy as np
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.metrics import Completion, SloRule, load_imbalance, summarize
 from vertumnus.core.placement import PlacementParams
+from vertumnus.core.planner import PlannerSettings
 from vertumnus.core.types import Composition
 from vertumnus.sim.engine import PoolConfig, SimResult
 from vertumnus.sim.traces import Trace
@@ -37,6 +38,8 @@ class RunSettings:
     seed: int = 0
     phases: tuple[tuple[float, float, str], ...] = ()
     """(start_s, end_s, label) of workload phases, for per-phase metrics."""
+    planner: PlannerSettings = field(default_factory=PlannerSettings)
+    """The composition controller's settings, for ``vertumnus-adaptive``."""
 
     def pool(self, composition: Composition, block_size: int) -> PoolConfig:
         return PoolConfig(
@@ -145,3 +148,37 @@ def run_policy(
     t0 = time.perf_counter()
     result = sim.run(trace.requests, progress)
     return PolicyRun(spec, result, time.perf_counter() - t0, settings.phases)
+
+
+def parse_planner_settings(text: str | None) -> PlannerSettings:
+    """:class:`PlannerSettings` from ``"name=value,..."`` (None or empty: the defaults).
+
+    Numbers as usual, booleans as ``true``/``false``, the degree list as
+    ``degrees=4/8``. Raises ValueError naming the setting at fault; the
+    ranges are checked by PlannerSettings itself.
+    """
+    base = PlannerSettings()
+    known = {f.name: f for f in fields(PlannerSettings)}
+    changes: dict[str, Any] = {}
+    for item in filter(None, (t.strip() for t in (text or "").split(","))):
+        name, sep, value = (x.strip() for x in item.partition("="))
+        if not sep or not value:
+            raise ValueError(f"planner setting {item!r}: expected NAME=VALUE")
+        if name not in known:
+            raise ValueError(f"unknown planner setting {name!r} (known: {', '.join(known)})")
+        current = getattr(base, name)
+        try:
+            if isinstance(current, bool):
+                if value.lower() not in ("true", "false"):
+                    raise ValueError
+                changes[name] = value.lower() == "true"
+            elif isinstance(current, tuple):
+                changes[name] = tuple(int(v) for v in value.split("/"))
+            else:
+                changes[name] = type(current)(value)
+        except ValueError:
+            kind = {bool: "true or false", tuple: "integers joined by '/'", int: "an integer"}.get(
+                type(current), "a number"
+            )
+            raise ValueError(f"planner setting {name}: expected {kind}, got {value!r}") from None
+    return replace(base, **changes)
