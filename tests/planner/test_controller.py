@@ -49,7 +49,7 @@ def window(u: float, long_share: float = 0.5, n: int = 100, **kw) -> WindowObser
     """A window at utilization ``u`` of 4xCP4+3xCP8 whose long requests bring ``long_share`` of D."""
     demand = u * WINDOW_CAPACITY
     return WindowObservation(
-        demand_s=demand, requests=n, long_requests=n // 10, long_demand_s=long_share * demand, **kw
+        demand_s=demand, requests=n, long_requests=n // 2, long_demand_s=long_share * demand, **kw
     )
 
 

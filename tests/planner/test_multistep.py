@@ -50,7 +50,7 @@ def start(comp: str) -> ControllerState:
 
 
 def load(demand: float, long_share: float = 0.5, n: int = 100) -> WindowObservation:
-    return WindowObservation(demand, n, n // 10, long_share * demand)
+    return WindowObservation(demand, n, n // 2, long_share * demand)
 
 
 def members(op: Op) -> tuple[int, ...]:

@@ -350,7 +350,7 @@ def test_target_is_path_independent_at_a_rounding_boundary() -> None:
     k = cap.capacity_per_s(s.degree for s in layout.slots) * settings.window_s
     state = planner.initial_state(layout)
     for u in (0.5, 0.75):
-        state, ops = planner.step(state, WindowObservation(u * k, 100, 10, u * k), cap, settings)
+        state, ops = planner.step(state, WindowObservation(u * k, 100, 50, u * k), cap, settings)
     target = state.target
     assert target is not None
     next_id = 100

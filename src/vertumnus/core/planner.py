@@ -30,7 +30,9 @@ Vocabulary:
 The controller (:func:`step`) compares u_k with two thresholds and watches
 the long requests' share of the demand against the large-degree workers'
 share of the capacity; a condition must persist for ``persist_windows``
-windows before it acts (hysteresis), capacity wins when the two signals
+windows before it acts (hysteresis) — and, where it reads the long share,
+until the windows hold enough long requests to read it (``mix_evidence``;
+docs/benchmarks/adaptive.md, "Thin windows") — capacity wins when the two signals
 disagree *where capacity is a requirement* — overload (u above the upper
 threshold splits whatever the mix) and merge admission (a merge is admitted
 only if the merged composition keeps enough capacity for the observed
@@ -146,6 +148,17 @@ class PlannerSettings:
     substantial change of the long-request fraction (see :func:`step`)."""
     min_requests: int = 20
     """Windows with fewer requests give no long-fraction signal (too noisy)."""
+    mix_evidence: bool = True
+    """A change that reads the long share (every one except a split for
+    u > ``upper``, and a low-utilization merge with ``mix_below_lower`` off)
+    is confirmed only once the streak's windows hold enough long requests
+    for the share to be known to within ``mix_margin``/2 — at least
+    ⌈1/(4·``mix_margin``²)⌉ of them (7 at the default margin;
+    :func:`_min_long_requests`) — and is then planned with the streak's
+    pooled long share (Σ long demand / Σ demand) instead of each window's
+    own: persistence scales with how thin the windows are
+    (docs/benchmarks/adaptive.md, "Thin windows"). False: ``persist_windows``
+    windows, each read on its own, as before."""
     mix_below_lower: bool = True
     """Below ``lower`` the long-share signal still counts (see :func:`step`):
     a low-utilization merge is an efficiency preference, not a capacity
@@ -535,7 +548,10 @@ class ControllerState:
     """Operations handed to the executor and not yet committed (disjoint workers)."""
     confirming: tuple[WindowObservation, ...] = ()
     """The windows of the current streak (demand only, no worker detail), newest
-    last, at most ``persist_windows`` of them."""
+    last: ``persist_windows`` of them, or (``mix_evidence``, a change that reads
+    the long share) the shortest run of the streak's last windows that holds
+    ``persist_windows`` windows and enough long requests — the whole streak
+    until it does."""
     target: Composition | None = None
     """Where the transition in progress is heading (multi-step), else None."""
     plan: tuple[WindowObservation, ...] = ()
@@ -615,6 +631,36 @@ def _signal(
             return "split", f"{why} (utilization {u:.2f} < {settings.lower})"
         return "merge", f"utilization {u:.2f} < {settings.lower}"
     return mix, why
+
+
+def _reads_mix(k_cap: float, load: WindowObservation, settings: PlannerSettings) -> bool:
+    """Whether what ``load`` asks of a composition with capacity ``k_cap`` depends on its
+    long share: every request except a split for u > ``upper`` and (with ``mix_below_lower``
+    off) a low-utilization merge, which capacity alone decides. See :func:`_signal`."""
+    u = load.demand_s / (settings.window_s * k_cap) if k_cap > 0 else math.inf
+    if u > settings.upper:
+        return False
+    return settings.mix_below_lower or u >= settings.lower
+
+
+def _min_long_requests(settings: PlannerSettings) -> int:
+    """Long requests the long share must be read from (``mix_evidence``).
+
+    The long share s = L/D is carried by the few long requests: with n of
+    them (a Poisson count, the short demand many small terms), the delta
+    method gives a standard error of about s(1 − s)/√n ≤ 1/(4√n). Asking it
+    to be at most ``mix_margin``/2 — half the distance the controller counts
+    as a substantial change of the mix — gives n ≥ 1/(4·``mix_margin``²).
+    """
+    return max(1, math.ceil(1.0 / (4.0 * settings.mix_margin**2) - 1e-9))
+
+
+def _pooled(loads: Sequence[WindowObservation]) -> tuple[WindowObservation, ...]:
+    """``loads`` with each window's long share replaced by the pooled share of all of them
+    (Σ long demand / Σ demand); demand and request counts stay per window."""
+    total = math.fsum(w.demand_s for w in loads)
+    share = math.fsum(w.long_demand_s for w in loads) / total if total > 0 else 0.0
+    return tuple(replace(w, long_demand_s=share * w.demand_s) for w in loads)
 
 
 def _capacities(
@@ -1013,6 +1059,11 @@ def step(
     long share (s_long ≥ c_large', :func:`_merge_admitted`), so the
     low-utilization merges stop at the long share's balance point, a full
     ``mix_margin`` clear of a split back, instead of flapping around it.
+    With ``mix_evidence``, a change that reads the long share is confirmed
+    only once the streak's windows hold ⌈1/(4·``mix_margin``²)⌉ long requests
+    (:func:`_min_long_requests`; thin windows make the streak longer), and
+    its target is planned with the streak's pooled long share
+    (:func:`_pooled`); a split for u > ``upper`` is not held back.
     While a transition is in
     progress (``obs.reconfiguring`` or uncommitted operations) the
     controller only keeps its streaks at zero.
@@ -1049,6 +1100,19 @@ def step(
     confirming = (
         (state.confirming + (load,))[-min(streak, settings.persist_windows) :] if streak else ()
     )
+    gated = settings.mix_evidence and want is not None and _reads_mix(k_cap, obs, settings)
+    evidence = True
+    if gated:
+        # Keep the shortest suffix of the streak that holds persist_windows windows
+        # and enough long requests; the change is confirmed only once it does.
+        n_min = _min_long_requests(settings)
+        window = (state.confirming + (load,))[-streak:]
+        while len(window) > settings.persist_windows and (
+            sum(w.long_requests for w in window[1:]) >= n_min
+        ):
+            window = window[1:]
+        confirming = window
+        evidence = sum(w.long_requests for w in window) >= n_min
     momentum = state.momentum if want == state.momentum else None
     new = replace(
         state,
@@ -1058,17 +1122,17 @@ def step(
         confirming=confirming,
     )
     needed = 1 if momentum is not None and settings.follow_through else settings.persist_windows
-    if want is None or streak < needed:
+    if want is None or streak < needed or not evidence:
         return new, ()
     if settings.multi_step:
-        loads = confirming
+        loads = _pooled(confirming) if gated else confirming
         walk, target = _walk(
             state.layout, (), loads, want, capacity, settings, obs.workers, limit=settings.max_walk
         )
         ops = _startable(walk, state.layout, (), loads, capacity, settings)
         why = f"{reason}; target {target}"
     else:
-        loads = (load,)
+        loads = _pooled(confirming) if gated else (load,)
         walk, target = _walk(
             state.layout, (), loads, want, capacity, settings, obs.workers, limit=1
         )
