@@ -53,6 +53,14 @@ def grid() -> Grid:
     g["window_s"] = [
         (f"{w:g}", replace(BASE, window_s=w), BASE_PLACEMENT) for w in (10.0, 20.0, 30.0, 60.0)
     ]
+    g["hop_s"] = [
+        (
+            f"{h:g}" + (" (=window)" if h == BASE.window_s else ""),
+            replace(BASE, hop_s=h),
+            BASE_PLACEMENT,
+        )
+        for h in (BASE.window_s, BASE.window_s / 2, BASE.window_s / 4)
+    ]
     g["persist_windows"] = [
         (str(n), replace(BASE, persist_windows=n), BASE_PLACEMENT) for n in (1, 2, 3, 4)
     ]

@@ -23,9 +23,17 @@ Vocabulary:
   (:mod:`vertumnus.sim.capacity`). We store it as a *rate*: seconds of
   predicted prefill work per second of wall time, so that a window of H
   seconds has capacity κ_C·H. A composition's capacity is K = Σ_w κ_{C_w}.
-- **window** H_k: consecutive, non-overlapping observation windows. The
+- **window** H_k: observation windows of length H, evaluated every
+  ``hop_s`` seconds (consecutive, non-overlapping windows by default,
+  ``hop_s`` = H; with a shorter hop each evaluation reads the last H
+  seconds, so consecutive windows overlap — sliding windows, as
+  Kubernetes' HPA samples more often than its stabilization window). The
   window's **demand** D_k = Σ Ê of the requests that arrived in it, each at
   the worker it was placed on; its **utilization** is u_k = D_k / (H·K).
+  The planner stays pure: the shell builds each window from per-hop buckets
+  and also reports the part that is new since the previous evaluation (the
+  newest hop, :class:`WindowObservation` ``fresh_*``), so that anything
+  summed over a streak of overlapping windows counts each request once.
 
 The controller (:func:`step`) compares u_k with two thresholds and watches
 the long requests' share of the demand against the large-degree workers'
@@ -116,7 +124,17 @@ class PlannerSettings:
     """A merge is admitted only if utilization under the *merged* composition
     stays at or below this (≤ upper, so a merge never triggers a split back)."""
     persist_windows: int = 2
-    """Consecutive windows a condition must hold before the controller acts."""
+    """Consecutive windows (evaluations) a condition must hold before the controller
+    acts. With ``hop_s`` < ``window_s`` consecutive windows overlap, so a change is
+    confirmed after ``window_s`` + (``persist_windows`` − 1)·``hop_s`` seconds."""
+    hop_s: float = 0.0
+    """Seconds between two evaluations (sliding windows): each evaluation reads the
+    last ``window_s`` seconds. 0 (the default) means ``window_s``: consecutive,
+    non-overlapping windows. Otherwise 0 < ``hop_s`` ≤ ``window_s`` and
+    ``window_s`` a multiple of it (docs/benchmarks/adaptive.md, "Sliding
+    windows"). The shell evaluates at this period (:attr:`hop`); the planner
+    itself only needs it to count long requests and pool the long share over
+    distinct time (the observations' ``fresh_*`` fields)."""
     follow_through: bool = True
     """Once a sustained change has been confirmed and acted on, a further step
     in the same direction needs one window, not ``persist_windows``, as long
@@ -194,6 +212,13 @@ class PlannerSettings:
             raise ValueError(f"merge_admit ({self.merge_admit}) must be <= upper ({self.upper})")
         if self.persist_windows < 1:
             raise ValueError("persist_windows must be >= 1")
+        if self.hop_s != 0:
+            ratio = self.window_s / self.hop_s if self.hop_s > 0 else 0.0
+            if not 0 < self.hop_s <= self.window_s or abs(ratio - round(ratio)) > 1e-9:
+                raise ValueError(
+                    f"hop_s must be 0 (= window_s) or in (0, window_s] with window_s a "
+                    f"multiple of it, got hop_s={self.hop_s} window_s={self.window_s}"
+                )
         if self.mix_margin <= 0:
             raise ValueError("mix_margin must be > 0")
         if self.max_walk < 1:
@@ -207,6 +232,16 @@ class PlannerSettings:
         if not 0 < self.history_quantile <= 1:
             raise ValueError("history_quantile must be in (0, 1]")
         object.__setattr__(self, "degrees", tuple(sorted(set(self.degrees))))
+
+    @property
+    def hop(self) -> float:
+        """Seconds between evaluations: ``hop_s``, or ``window_s`` if it is 0."""
+        return self.hop_s or self.window_s
+
+    @property
+    def hops_per_window(self) -> int:
+        """How many hops one window spans (1: disjoint windows)."""
+        return max(1, round(self.window_s / self.hop))
 
 
 @dataclass(frozen=True)
@@ -497,6 +532,14 @@ class WindowObservation:
     workers: tuple[WorkerObservation, ...] = ()
     reconfiguring: bool = False
     """A transition is in progress: the controller observes but does not act."""
+    fresh_demand_s: float | None = None
+    """Sliding windows (``hop_s`` < ``window_s``): the part of ``demand_s`` that
+    arrived in the newest hop, i.e. not in the previous evaluation's window.
+    None: the whole window is new (disjoint windows)."""
+    fresh_long_requests: int | None = None
+    """The long requests of the newest hop (None: ``long_requests``)."""
+    fresh_long_demand_s: float | None = None
+    """The long demand of the newest hop (None: ``long_demand_s``)."""
 
     @property
     def long_fraction(self) -> float:
@@ -655,11 +698,34 @@ def _min_long_requests(settings: PlannerSettings) -> int:
     return max(1, math.ceil(1.0 / (4.0 * settings.mix_margin**2) - 1e-9))
 
 
+def _fresh(w: WindowObservation) -> tuple[float, int, float]:
+    """Demand, long requests and long demand of the part of ``w`` that was not in the
+    previous evaluation's window (all of it for disjoint windows)."""
+    return (
+        w.demand_s if w.fresh_demand_s is None else w.fresh_demand_s,
+        w.long_requests if w.fresh_long_requests is None else w.fresh_long_requests,
+        w.long_demand_s if w.fresh_long_demand_s is None else w.fresh_long_demand_s,
+    )
+
+
+def _distinct(loads: Sequence[WindowObservation]) -> tuple[list[float], int, list[float]]:
+    """Demand terms, long-request count and long-demand terms over the distinct time
+    that consecutive windows ``loads`` cover: the first window whole, then only the
+    newest hop of each later one, so overlapping windows count each request once."""
+    if not loads:
+        return [], 0, []
+    parts = [(loads[0].demand_s, loads[0].long_requests, loads[0].long_demand_s)]
+    parts += [_fresh(w) for w in loads[1:]]
+    return [p[0] for p in parts], sum(p[1] for p in parts), [p[2] for p in parts]
+
+
 def _pooled(loads: Sequence[WindowObservation]) -> tuple[WindowObservation, ...]:
     """``loads`` with each window's long share replaced by the pooled share of all of them
-    (Σ long demand / Σ demand); demand and request counts stay per window."""
-    total = math.fsum(w.demand_s for w in loads)
-    share = math.fsum(w.long_demand_s for w in loads) / total if total > 0 else 0.0
+    (Σ long demand / Σ demand over the distinct time they cover, :func:`_distinct`);
+    demand and request counts stay per window."""
+    demand, _, long_demand = _distinct(loads)
+    total = math.fsum(demand)
+    share = math.fsum(long_demand) / total if total > 0 else 0.0
     return tuple(replace(w, long_demand_s=share * w.demand_s) for w in loads)
 
 
@@ -1093,7 +1159,15 @@ def step(
     elif want == "split" and not eligible_splits(state.layout, settings):
         want = None  # nothing left to split
 
-    load = WindowObservation(obs.demand_s, obs.requests, obs.long_requests, obs.long_demand_s)
+    load = WindowObservation(
+        obs.demand_s,
+        obs.requests,
+        obs.long_requests,
+        obs.long_demand_s,
+        fresh_demand_s=obs.fresh_demand_s,
+        fresh_long_requests=obs.fresh_long_requests,
+        fresh_long_demand_s=obs.fresh_long_demand_s,
+    )
     split_streak = state.split_streak + 1 if want == "split" else 0
     merge_streak = state.merge_streak + 1 if want == "merge" else 0
     streak = max(split_streak, merge_streak)
@@ -1107,12 +1181,12 @@ def step(
         # and enough long requests; the change is confirmed only once it does.
         n_min = _min_long_requests(settings)
         window = (state.confirming + (load,))[-streak:]
-        while len(window) > settings.persist_windows and (
-            sum(w.long_requests for w in window[1:]) >= n_min
-        ):
+        # Long requests are counted over the distinct time the windows cover
+        # (sliding windows overlap: each request once, :func:`_distinct`).
+        while len(window) > settings.persist_windows and _distinct(window[1:])[1] >= n_min:
             window = window[1:]
         confirming = window
-        evidence = sum(w.long_requests for w in window) >= n_min
+        evidence = _distinct(window)[1] >= n_min
     momentum = state.momentum if want == state.momentum else None
     new = replace(
         state,

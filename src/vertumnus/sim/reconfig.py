@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 import math
 import time  # only to measure the planner's own cost per decision
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -310,6 +311,12 @@ class AdaptiveController:
     Windows are ``[k·H, (k+1)·H)``; a request counts in the window it arrived
     in, with the Ê of its first placement (re-placement after a drain does not
     count it twice). Ticks stop after ``horizon_s`` so the run can end.
+
+    **Sliding windows** (``settings.hop_s`` < ``window_s``): the controller
+    ticks every hop h (first at H), keeps per-hop buckets ``[j·h, (j+1)·h)``
+    and hands the planner the window of the last H/h buckets, ``[t−H, t)``,
+    with the newest bucket as the observation's ``fresh_*`` part. Recent
+    reuse weights decay by 0.5^(h/H) per tick (halving per H, as before).
     """
 
     def __init__(
@@ -337,8 +344,10 @@ class AdaptiveController:
         self._requests = 0
         self._long = 0
         self._long_demand = 0.0
+        self._buckets: deque[tuple[float, int, int, float]] = deque(maxlen=settings.hops_per_window)
+        """The last H/h hops' (demand, requests, long requests, long demand), newest last."""
         sim.placement_listeners.append(self._placed)
-        sim.at(settings.window_s, self._tick)
+        sim.at(settings.hop, self._tick)
 
     def _placed(self, request: Request, worker: SimWorker, estimate: float) -> None:
         if request.id in self._seen:
@@ -351,6 +360,8 @@ class AdaptiveController:
             self._long_demand += estimate
 
     def observation(self) -> planner.WindowObservation:
+        """The window ending now (the buckets closed so far plus the open hop) and the
+        workers' state; with one hop per window, the open window itself."""
         now = self.sim.now
         workers = tuple(
             planner.WorkerObservation(
@@ -360,16 +371,34 @@ class AdaptiveController:
             )
             for w in self.sim.sim_workers()
         )
+        if self.settings.hops_per_window == 1:
+            return planner.WindowObservation(
+                demand_s=self._demand,
+                requests=self._requests,
+                long_requests=self._long,
+                long_demand_s=self._long_demand,
+                workers=workers,
+                reconfiguring=self.executor.busy,
+            )
+        newest = (self._demand, self._requests, self._long, self._long_demand)
+        older = list(self._buckets)[-(self.settings.hops_per_window - 1) :]
+        parts = [*older, newest]
         return planner.WindowObservation(
-            demand_s=self._demand,
-            requests=self._requests,
-            long_requests=self._long,
-            long_demand_s=self._long_demand,
+            demand_s=math.fsum(b[0] for b in parts),
+            requests=sum(b[1] for b in parts),
+            long_requests=sum(b[2] for b in parts),
+            long_demand_s=math.fsum(b[3] for b in parts),
             workers=workers,
             reconfiguring=self.executor.busy,
+            fresh_demand_s=newest[0],
+            fresh_long_requests=newest[2],
+            fresh_long_demand_s=newest[3],
         )
 
     def _tick(self) -> None:
+        if len(self._buckets) < self.settings.hops_per_window - 1:
+            self._close_hop()  # the first window is not complete yet: nothing to evaluate
+            return
         obs = self.observation()
         t0 = time.perf_counter()
         self.state, ops = planner.step(self.state, obs, self.capacity, self.settings)
@@ -388,12 +417,20 @@ class AdaptiveController:
                 "target": None if self.state.target is None else str(self.state.target),
             }
         )
+        self._close_hop(ops)
+
+    def _close_hop(self, ops: Sequence[planner.Op] = ()) -> None:
+        """Close the open hop's bucket, decay reuse weights, start ``ops``, schedule the
+        next tick (in the order the one-hop controller always used)."""
+        self._buckets.append((self._demand, self._requests, self._long, self._long_demand))
         self._demand, self._requests, self._long, self._long_demand = 0.0, 0, 0, 0.0
+        hop = self.settings.hop
+        decay = 0.5 ** (hop / self.settings.window_s)  # "recent" access: halve per window
         for w in self.sim.sim_workers():
-            w.reused_blocks *= 0.5  # "recent" access: halve per window
+            w.reused_blocks *= decay
         self._start(ops)
-        if self.sim.now + self.settings.window_s <= self.horizon_s:
-            self.sim.at(self.sim.now + self.settings.window_s, self._tick)
+        if self.sim.now + hop <= self.horizon_s:
+            self.sim.at(self.sim.now + hop, self._tick)
 
     def _start(self, ops: Sequence[planner.Op]) -> None:
         for op in ops:
