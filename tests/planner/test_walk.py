@@ -30,10 +30,10 @@ from vertumnus.core.planner import (
     WindowObservation,
     WorkerObservation,
     _apply,
-    _buddy_pairs,
     _members,
     _merge_admitted,
     _signal,
+    buddy_pairs,
 )
 
 CAP = CapacityProfile({1: 0.29, 2: 0.38, 4: 0.46, 8: 0.63})
@@ -136,7 +136,7 @@ def _walk_reference(
             }
             cands = [
                 Merge((a.worker, b.worker))
-                for a, b in _buddy_pairs(lay, allowed)
+                for a, b in buddy_pairs(lay, allowed)
                 if ok.get(a.degree, False)
             ]
         now = [op for op in cands if all(w in real for w in _members(op))]
