@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from vertumnus.core import planner
@@ -30,9 +29,10 @@ from vertumnus.core.planner import (
     layout_for,
     step,
 )
-from vertumnus.core.types import Composition, Request
+from vertumnus.core.types import Composition
 from vertumnus.sim.reconfig import AdaptiveOptions, build_adaptive
-from vertumnus.sim.traces import Trace
+
+from .helpers import two_phase_trace
 
 CAP = CapacityProfile({4: 0.5, 8: 0.6})
 DISJOINT = PlannerSettings()  # window 20 s, one evaluation per window
@@ -184,25 +184,6 @@ def test_follow_through_still_takes_one_evaluation() -> None:
         seen.append(str(state.layout.composition))
     assert seen[0] == "2xCP4+4xCP8"
     assert seen[-1] != "2xCP4+4xCP8"
-
-
-def two_phase_trace(seed: int = 0) -> Trace:
-    """60 s of many short requests, then 60 s of few, mostly long ones (as test_adaptive)."""
-    rng = np.random.default_rng(seed)
-    reqs = []
-    t = 0.0
-    while t < 60.0:
-        t += rng.exponential(1 / 40)
-        reqs.append((t, int(rng.integers(500, 4000))))
-    while t < 120.0:
-        t += rng.exponential(1 / 3)
-        long = rng.random() < 0.6
-        reqs.append((t, int(rng.integers(40000, 90000)) if long else int(rng.integers(500, 4000))))
-    out = [
-        Request(i, at, n, tuple(range(i * 1000, i * 1000 + (n + 511) // 512)))
-        for i, (at, n) in enumerate(reqs)
-    ]
-    return Trace("two-phase", tuple(out), 512)
 
 
 def test_the_controller_ticks_every_hop_over_full_windows(model: PrefillModel) -> None:
