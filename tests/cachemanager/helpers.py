@@ -46,3 +46,14 @@ def hold(trie: PrefixTrie, worker: int, path: Iterable[int]) -> list[TrieNode]:
         nodes.append(trie.stored(worker, k, parent))
         parent = k
     return nodes
+
+
+def missing_blocks(node: TrieNode, worker: int) -> int:
+    """Blocks of the root→``node`` path that ``worker`` lacks (the copy
+    footprint), by the plain walk up to the deepest ancestor it holds."""
+    m: TrieNode | None = node
+    while m is not None:
+        if worker in m.holders:
+            return node.depth - m.depth
+        m = m.parent
+    return node.depth

@@ -10,7 +10,7 @@ from vertumnus.core.cachemanager import CacheManager, CacheManagerSettings, marg
 from vertumnus.core.trie import PrefixTrie
 from vertumnus.core.types import cached_tokens
 
-from .helpers import MODEL, View, workers
+from .helpers import MODEL, View, missing_blocks, workers
 
 DEGREES = (4, 8)
 
@@ -125,14 +125,9 @@ def test_candidates_match_naive_reference(pool: tuple) -> None:
             for w in peers:
                 if w.id in node.holders:
                     continue
-                retained, m = 0, node
-                while m is not None:
-                    if w.id in m.holders:
-                        retained = m.depth
-                        break
-                    m = m.parent
-                if node.depth - retained <= s.max_copy_fraction * w.cache_capacity_blocks:
-                    fps.append(node.depth - retained)
+                missing = missing_blocks(node, w.id)
+                if missing <= s.max_copy_fraction * w.cache_capacity_blocks:
+                    fps.append(missing)
             a, m_ = access.get(c, 0.0), missed.get(c, 0.0)
             if r == 0 and m_ > s.theta_inter and fps:
                 want[("inter", key, c)] = (m_ / min(fps), min(fps))

@@ -35,7 +35,7 @@ from vertumnus.core.cacheranking import Ranking
 from vertumnus.core.placement import WorkerState
 from vertumnus.core.trie import PrefixTrie, TrieNode
 
-from .helpers import View, hold
+from .helpers import View, hold, missing_blocks
 
 DEGREES = (4, 4, 4, 8, 8)
 
@@ -60,14 +60,9 @@ class _RefRanking:
                 for w in peers:
                     if w.id in node.holders or (key, w.id) in copy_dest:
                         continue
-                    retained, m = 0, node
-                    while m is not None:
-                        if w.id in m.holders:
-                            retained = m.depth
-                            break
-                        m = m.parent
-                    if node.depth - retained <= s.max_copy_fraction * w.cache_capacity_blocks:
-                        fps.append(node.depth - retained)
+                    missing = missing_blocks(node, w.id)
+                    if missing <= s.max_copy_fraction * w.cache_capacity_blocks:
+                        fps.append(missing)
                 fp = min(fps) if fps else None
                 a, m_ = access.get(c, 0.0), missed.get(c, 0.0)
                 if r == 0 and m_ > s.theta_inter and (key, c) not in covered and fp is not None:
