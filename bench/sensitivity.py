@@ -37,6 +37,7 @@ from vertumnus.core import planner  # noqa: E402
 from vertumnus.core.metrics import summarize  # noqa: E402
 from vertumnus.core.placement import PlacementParams  # noqa: E402
 from vertumnus.sim.reconfig import AdaptiveOptions  # noqa: E402
+from vertumnus.sim.runner import parse_planner_settings  # noqa: E402
 
 CALIBRATION_PHASES = "300s:rate=7,long=0.5,name=high;300s:rate=2.5,long=5,name=low;repeat=2"
 CALIBRATION_SEED = 1
@@ -129,17 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.base:
         global BASE
-        changes = {}
-        for item in args.base.split(","):
-            k, v = (x.strip() for x in item.split("="))
-            cur = getattr(BASE, k)
-            if v in ("True", "False"):
-                changes[k] = v == "True"
-            elif v == "None":
-                changes[k] = None
-            else:
-                changes[k] = float(v) if cur is None else type(cur)(v)
-        BASE = replace(BASE, **changes)
+        BASE = parse_planner_settings(args.base)  # the defaults with these changes
     trace, bounds = workload(args.phases, args.seed)
     print(
         f"calibration workload: {len(trace)} requests ({args.phases}, seed {args.seed})",
