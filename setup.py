@@ -1,11 +1,13 @@
-"""Build hooks: compile proto/ into vertumnus.worker._proto, and the
-placement hot path into the optional C extension vertumnus.core._placement.
+"""Build hooks: compile proto/ into vertumnus._proto, and the placement hot
+path into the optional C extension vertumnus.core._placement.
 
 The generated modules are build outputs, never committed: ``build_py`` writes
-them into ``worker/_proto/`` (gitignored) before setuptools collects the
-package, so editable installs and wheels both carry them. protoc emits
-``from vertumnus.worker.v1 import worker_pb2`` (the proto's path); the import
-is rewritten to the package the modules actually live in.
+them into ``src/vertumnus/_proto/`` (gitignored) before setuptools collects
+the package, so editable installs and wheels both carry them. protoc emits
+imports by the proto's path (``from vertumnus.worker.v1 import worker_pb2``,
+``from vertumnus.v1 import pool_pb2``); they are rewritten to the package the
+modules actually live in. After editing a .proto, re-run
+``pip install -e . --no-deps``.
 
 The C extension is optional: where no C compiler is available the build
 goes on without it and placement runs its pure-Python twin (same results,
@@ -24,7 +26,7 @@ from setuptools.command.egg_info import egg_info
 
 ROOT = Path(__file__).parent
 PROTO_ROOT = ROOT / "proto"
-OUT = ROOT / "worker" / "_proto"
+OUT = ROOT / "src" / "vertumnus" / "_proto"
 
 
 def compile_protos() -> None:
@@ -54,7 +56,9 @@ def compile_protos() -> None:
                 raise RuntimeError(f"protoc failed on {rel}")
         for generated in Path(tmp).rglob("*_pb2*.py*"):
             text = generated.read_text()
-            text = re.sub(r"^from vertumnus\.worker\.v1 import", "from vertumnus.worker._proto import", text, flags=re.M)
+            text = re.sub(
+                r"^from vertumnus(?:\.\w+)*\.v1 import", "from vertumnus._proto import", text, flags=re.M
+            )
             (OUT / generated.name).write_text(text)
 
 

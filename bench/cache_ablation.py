@@ -106,10 +106,10 @@ def run_point(job: dict[str, Any]) -> dict[str, Any]:
         slo_attainment=s.slo_attainment,
         wall_s=wall,
     )
-    manager = getattr(sim.policy, "manager", None)
+    manager = sim.core.cache_manager
     if manager is not None:
         out["cache_manager"] = dict(manager.counts)
-        out["cache_manager"]["copies_reused"] = sim.policy.shell.copies_reused  # type: ignore[attr-defined]
+        out["cache_manager"]["copies_reused"] = sim.attachments["cache_manager"].copies_reused
     return out
 
 

@@ -1,17 +1,18 @@
-"""Cost of one cache-manager scan over a 200K-node trie.
+"""Cost of one cache-manager scan over a 200K-block prefix index.
 
-The scan walks only the *tracked* nodes (counters above the floor), so its
-cost follows recent traffic, not the trie size. This benchmark builds a trie
-of ``--nodes`` blocks shaped like the Mooncake conversation trace (one block
-every request shares, then conversation chains of ``--chain`` blocks, each
-held by 1-3 of the 7 workers of ``4xCP4+3xCP8``), gives ``N`` random nodes
-counters (a fraction ``--hot`` of them above a replication threshold, the
-rest low enough to be reclamation candidates where r ≥ 2), and times
-:meth:`CacheManager.scan` for several ``N`` up to every node.
+The scan walks only the *tracked* blocks (counters above the floor), so its
+cost follows recent traffic, not the index size. This benchmark builds a
+:class:`~vertumnus.core.trie.PrefixTrie` of ``--nodes`` blocks shaped like
+the Mooncake conversation trace (one block every request shares, then
+conversation chains of ``--chain`` blocks, each held by 1-3 of the 7 workers
+of ``4xCP4+3xCP8``), gives ``N`` random blocks counters (a fraction ``--hot``
+of them above a replication threshold, the rest low enough to be reclamation
+candidates where r ≥ 2), and times :meth:`CacheManager.scan` for several
+``N`` up to every block (wall and process CPU time).
 
 With ``--sim SCALE`` it also replays the Mooncake trace at that rate scale
-through ``vertumnus`` and reports the tracked-node counts and scan times seen
-in the run: what ``N`` is in practice.
+through ``vertumnus`` and reports the tracked-block counts and scan times
+seen in the run: what ``N`` is in practice.
 
     python bench/cache_scan.py            # ~20 s
     python bench/cache_scan.py --sim 11   # + an in-situ measurement (~30 s)
@@ -35,9 +36,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class View:
-    def __init__(self, workers: list[WorkerState], trie: PrefixTrie) -> None:
+    """The part of a PoolView a scan reads, plus the keys in creation order."""
+
+    def __init__(self, workers: list[WorkerState], store: PrefixTrie, keys: list[int]) -> None:
         self.workers = workers
-        self.trie = trie
+        self.store = store
+        self.keys = keys
         self.model = load_model()
         self.block_size = 512
 
@@ -52,41 +56,36 @@ def build(nodes: int, chain: int, seed: int) -> View:
     trie = PrefixTrie()
     root = 1
     for w in range(len(workers)):
-        trie.stored(w, root, None)
+        trie.apply(w, [(root, 0, None)])
+    keys = [root]
     key = 2
     while len(trie) < nodes:
         holders = rng.sample(range(len(workers)), rng.choice((1, 1, 2, 3)))
-        parent = root
         length = min(chain, nodes - len(trie))
-        for _ in range(length):
-            for h in holders:
-                trie.stored(h, key, parent)
-            parent = key
-            key += 1
-    return View(workers, trie)
+        chain_keys = list(range(key, key + length))
+        blocks = [(k, i + 1, chain_keys[i - 1] if i else root) for i, k in enumerate(chain_keys)]
+        for h in holders:
+            trie.apply(h, blocks)
+        keys.extend(chain_keys)
+        key += length
+    return View(workers, trie, keys)
 
 
 def time_scans(view: View, tracked: int, seed: int, repeats: int, hot: float) -> dict[str, float]:
     rng = random.Random(seed)
     settings = CacheManagerSettings()
-    nodes = list(view.trie.nodes.values())
-    for n in nodes:
-        n.stats = None
-    mgr = CacheManager(settings)
-    # A running manager has long been subscribed to the trie's removals (its
-    # first scan or request does that); record() alone would leave the
-    # one-off subscription check of every tracked node to the first timed scan.
-    mgr.scan(view)
-    for node in rng.sample(nodes, tracked):
+    mgr = CacheManager(settings, store=view.store)
+    mgr.scan(view)  # (as a running manager: it has scanned before)
+    for key in rng.sample(view.keys, tracked):
         degree = rng.choice((4, 8))
         if rng.random() < hot:
             # above a replication threshold: a candidate the scan must rank
             if rng.random() < 0.5:
-                mgr.record(node, degree, missed=settings.theta_inter * rng.uniform(1, 4))
+                mgr.record(key, degree, missed=settings.theta_inter * rng.uniform(1, 4))
             else:
-                mgr.record(node, degree, access=settings.theta_intra * rng.uniform(1, 4))
+                mgr.record(key, degree, access=settings.theta_intra * rng.uniform(1, 4))
         else:
-            mgr.record(node, degree, access=rng.uniform(0, settings.theta_reclaim * 3))
+            mgr.record(key, degree, access=rng.uniform(0, settings.theta_reclaim * 3))
     # The full candidate lists (inspection; untimed): a scan computes only
     # the head of each ranking that its bounded selection reads.
     full = mgr.candidates(view)
@@ -120,7 +119,8 @@ def in_situ(scale: float) -> dict[str, float]:
         scale,
     )
     sim = build_vertumnus(PoolConfig(Composition.parse("4xCP4+3xCP8"), load_model()))
-    mgr = sim.policy.manager  # type: ignore[attr-defined]
+    mgr = sim.core.cache_manager
+    assert mgr is not None
     seen: list[tuple[int, float, int, float]] = []
     scan = mgr.scan
 
@@ -131,7 +131,7 @@ def in_situ(scale: float) -> dict[str, float]:
             (
                 plan.tracked_nodes,
                 time.perf_counter() - t0,
-                len(view.trie),
+                len(view.store),
                 time.process_time() - c0,
             )
         )
@@ -175,10 +175,10 @@ def main() -> int:
     args = ap.parse_args()
     t0 = time.perf_counter()
     view = build(args.nodes, args.chain, seed=0)
-    print(f"trie: {len(view.trie)} nodes built in {time.perf_counter() - t0:.1f} s")
+    print(f"index: {len(view.store)} blocks built in {time.perf_counter() - t0:.1f} s")
     rows = []
     for n in (int(x) for x in args.tracked.split(",")):
-        n = min(n, len(view.trie))
+        n = min(n, len(view.store))
         row = time_scans(view, n, seed=1, repeats=args.repeats, hot=args.hot)
         rows.append(row)
         print(
@@ -186,7 +186,7 @@ def main() -> int:
             f"median {row['scan_ms_median']:7.1f} ms wall, {row['scan_cpu_ms_median']:7.1f} ms CPU "
             f"({row['candidates_first_scan']} candidates, {row['candidates_read_max']} read)"
         )
-    doc: dict[str, object] = {"trie_nodes": len(view.trie), "hot": args.hot, "synthetic": rows}
+    doc: dict[str, object] = {"trie_nodes": len(view.store), "hot": args.hot, "synthetic": rows}
     if args.sim:
         situ = in_situ(args.sim)
         doc["in_situ"] = situ

@@ -6,16 +6,21 @@
 
 Builds, in the pure core only, a :class:`~vertumnus.core.trie.PrefixTrie` of
 ``--blocks`` cached blocks spread over ``--workers`` workers (16 each of CP1,
-CP2, CP4, CP8 for 64), then times, one request at a time on one core:
+CP2, CP4, CP8 for 64) behind a :class:`~vertumnus.core.routing.RoutingCore`
+(what the router and the simulator run), then times, one request at a time
+on one core:
 
 ``decide``
     the full ``CostModelPolicy.decide`` path — prefix-trie lookup, in-flight
     index lookup and merge, ``place()`` — with ``--inflight-per-worker`` ×
-    workers requests in flight. After each (timed) decision the request is
-    booked as a router would (``observe_placed`` + ``reserve``) and the oldest
-    in-flight request completes (``observe_completed``, its work released),
-    so the in-flight index stays at a steady size; that bookkeeping is timed
-    separately as ``bookkeeping``.
+    workers requests in flight.
+``schedule``
+    the routing core's whole placement step, ``RoutingCore.schedule``: q_w
+    refreshed for every worker, ``decide``, the reservation, the in-flight
+    record and the policy's ``observe_placed`` — what the router does per
+    request. After it, the oldest request in flight starts and finishes
+    (``started`` + ``finished``), so the in-flight set stays at a steady
+    size; that is timed separately as ``bookkeeping``.
 ``place``
     ``place()`` alone, on the trie's matches for the same requests.
 ``trie``
@@ -49,14 +54,13 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from vertumnus.core import placement
-from vertumnus.core.costmodel import PrefillModel
-from vertumnus.core.placement import PlacementParams, WorkerState, place_fields_py, reserve
+from vertumnus.core.placement import PlacementParams, place_fields_py
 from vertumnus.core.policies import vertumnus as vertumnus_policy
 from vertumnus.core.policies.vertumnus import CostModelPolicy
+from vertumnus.core.routing import RoutingCore
 from vertumnus.core.trie import PrefixTrie
 from vertumnus.core.types import Request
 from vertumnus.profiles import load_model
@@ -64,26 +68,9 @@ from vertumnus.profiles import load_model
 BLOCK = 512
 
 
-@dataclass
-class TriePool:
-    """PoolView over a trie, as the router shell would provide it."""
-
-    workers: list[WorkerState]
-    model: PrefillModel
-    trie: PrefixTrie
-    block_size: int = BLOCK
-
-    def matched_blocks(self, request: Request):
-        return self.trie.matched_blocks(request.block_keys)
-
-
-def build(n_workers: int, n_blocks: int, seed: int) -> tuple[TriePool, list[tuple[int, ...]]]:
+def build(n_workers: int, n_blocks: int, seed: int) -> tuple[RoutingCore, list[tuple[int, ...]]]:
     rng = random.Random(seed)
     degrees = [1, 2, 4, 8]
-    workers = [
-        WorkerState(id=i, degree=degrees[i % 4], outstanding_s=rng.uniform(0, 5), cache_capacity_blocks=4000)
-        for i in range(n_workers)
-    ]
     trie = PrefixTrie()
     next_key = iter(range(1, 1 << 62))
     prefixes: list[tuple[int, ...]] = []
@@ -93,10 +80,7 @@ def build(n_workers: int, n_blocks: int, seed: int) -> tuple[TriePool, list[tupl
         keys = tuple(next(next_key) for _ in range(4))
         holders = rng.sample(range(n_workers), n_workers // 2)
         for w in holders:
-            parent = None
-            for k in keys:
-                trie.stored(w, k, parent)
-                parent = k
+            trie.apply(w, chain(keys))
         systems.append((keys, holders))
     total = len(trie)
     while total < n_blocks:
@@ -104,13 +88,18 @@ def build(n_workers: int, n_blocks: int, seed: int) -> tuple[TriePool, list[tupl
         n = rng.randint(40, 60)
         keys = sys_keys + tuple(next(next_key) for _ in range(n))
         for w in rng.sample(sys_holders, rng.randint(1, 3)):
-            parent = None
-            for k in keys:
-                trie.stored(w, k, parent)
-                parent = k
+            trie.apply(w, chain(keys))
         prefixes.append(keys)
         total = len(trie)
-    return TriePool(workers, load_model(), trie), prefixes
+    core = RoutingCore(CostModelPolicy(), load_model(), BLOCK, store=trie)
+    for i in range(n_workers):
+        core.add_worker(i, degrees[i % 4], cache_capacity_blocks=4000)
+    return core, prefixes
+
+
+def chain(keys: tuple[int, ...]) -> list[tuple[int, int, int | None]]:
+    """The stored events of a whole prefix: (key, position, parent)."""
+    return [(k, i, keys[i - 1] if i else None) for i, k in enumerate(keys)]
 
 
 def make_requests(prefixes: list[tuple[int, ...]], n: int, seed: int, first_id: int = 0) -> list[Request]:
@@ -130,48 +119,47 @@ Clock = Callable[[], int]
 
 
 def time_decide(
-    pool: TriePool, requests: list[Request], warm: list[Request], per_worker: int, clock: Clock
-) -> tuple[list[int], list[int]]:
-    """Latencies of ``decide`` and of the booking after it, from a fresh policy
-    whose in-flight index holds ``per_worker`` × workers requests (``warm``)."""
-    base = [(w.outstanding_s, w.queued) for w in pool.workers]
-    policy = CostModelPolicy()
-    by_id = {w.id: w for w in pool.workers}
-    flight: deque[tuple[Request, int, float]] = deque()
-    limit = per_worker * len(pool.workers)
+    core: RoutingCore, requests: list[Request], warm: list[Request], per_worker: int, clock: Clock
+) -> tuple[list[int], list[int], list[int]]:
+    """Latencies of ``decide``, of ``schedule`` (the whole step) and of the bookkeeping
+    after it, on a routing core that holds ``per_worker`` × workers requests (``warm``)."""
+    limit = per_worker * len(core.workers)
+    flight: deque[int] = deque()
 
-    def book(r: Request, worker: int, est: float) -> None:
-        policy.observe_placed(r, worker, pool)
-        reserve(by_id[worker], est)
-        flight.append((r, worker, est))
-        if len(flight) > limit:
-            old, w, e = flight.popleft()
-            policy.observe_completed(old, w)
-            ws = by_id[w]
-            ws.outstanding_s -= e
-            ws.queued -= 1
+    def settle() -> None:
+        # The oldest request in flight runs and finishes: a steady in-flight set.
+        while len(flight) > limit:
+            rid = flight.popleft()
+            core.started(rid, 0.0, 0.0)
+            core.finished(rid)
 
     for r in warm[:limit]:
-        d = policy.decide(r, pool)
-        assert d is not None and d.estimate_s is not None
-        book(r, d.worker, d.estimate_s)
-    lat, booking = [], []
+        assert core.schedule(r, 0.0) is not None
+        flight.append(r.id)
+    policy = core.policy
+    lat, step, booking = [], [], []
     for r in requests:
         t0 = clock()
-        d = policy.decide(r, pool)
+        d = policy.decide(r, core)
         t1 = clock()
-        assert d is not None and d.estimate_s is not None
-        book(r, d.worker, d.estimate_s)
+        assert d is not None
+        core.schedule(r, 0.0)
         t2 = clock()
+        flight.append(r.id)
+        settle()
+        t3 = clock()
         lat.append(t1 - t0)
-        booking.append(t2 - t1)
-    assert len(policy.inflight) == limit  # steady state: one finishes per one placed
-    for w, (q, n) in zip(pool.workers, base, strict=True):
-        w.outstanding_s, w.queued = q, n
-    return lat, booking
+        step.append(t2 - t1)
+        booking.append(t3 - t2)
+    assert len(core.inflight) == limit  # steady state: one finishes per one placed
+    while flight:  # leave the core as it was
+        rid = flight.popleft()
+        core.started(rid, 0.0, 0.0)
+        core.finished(rid)
+    return lat, step, booking
 
 
-def time_place(pool: TriePool, requests: list[Request], clock: Clock, fn=None) -> list[int]:
+def time_place(pool: RoutingCore, requests: list[Request], clock: Clock, fn=None) -> list[int]:
     fn = fn or placement.place_fields
     params = PlacementParams()
     workers, model, bs = pool.workers, pool.model, pool.block_size
@@ -184,7 +172,7 @@ def time_place(pool: TriePool, requests: list[Request], clock: Clock, fn=None) -
     return lat
 
 
-def time_decide_py(*args) -> tuple[list[int], list[int]]:
+def time_decide_py(*args) -> tuple[list[int], list[int], list[int]]:
     """time_decide with the policy running the pure-Python place_fields."""
     compiled = vertumnus_policy.place_fields
     vertumnus_policy.place_fields = place_fields_py
@@ -194,7 +182,7 @@ def time_decide_py(*args) -> tuple[list[int], list[int]]:
         vertumnus_policy.place_fields = compiled
 
 
-def time_trie(pool: TriePool, requests: list[Request], clock: Clock) -> list[int]:
+def time_trie(pool: RoutingCore, requests: list[Request], clock: Clock) -> list[int]:
     lat = []
     for r in requests:
         t0 = clock()
@@ -240,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     blocks = statistics.mean(len(r.block_keys) for r in requests)
     print(f"hot path: {placement.HOT_PATH}")
-    print(f"trie: {len(pool.trie):,} blocks over {args.workers} workers (built in {build_s:.1f} s); "
+    print(f"trie: {len(pool.store):,} blocks over {args.workers} workers (built in {build_s:.1f} s); "
           f"requests: {len(requests):,}, {blocks:.1f} blocks each on average; "
           f"{args.inflight_per_worker * args.workers} in flight")
 
@@ -263,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     # immune to other jobs preempting us on a shared machine) and wall time.
     # Passes interleave the paths so that a burst of load elsewhere on the
     # machine does not land on one path only; each figure is the median.
-    paths: tuple[str, ...] = ("decide", "bookkeeping", "place", "trie")
+    paths: tuple[str, ...] = ("decide", "schedule", "bookkeeping", "place", "trie")
     if placement.HOT_PATH == "c":
         paths += ("decide-py", "place-py")
     passes: dict[str, dict[str, list[dict[str, float]]]] = {
@@ -271,13 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     for _ in range(args.repeat):
         for label, clock in (("cpu", time.thread_time_ns), ("wall", time.perf_counter_ns)):
-            lat, booking = time_decide(pool, requests, warm, args.inflight_per_worker, clock)
+            lat, step, booking = time_decide(pool, requests, warm, args.inflight_per_worker, clock)
             passes["decide"][label].append(summary(lat))
+            passes["schedule"][label].append(summary(step))
             passes["bookkeeping"][label].append(summary(booking))
             passes["place"][label].append(summary(time_place(pool, requests, clock)))
             passes["trie"][label].append(summary(time_trie(pool, requests, clock)))
             if "decide-py" in paths:
-                lat, _ = time_decide_py(pool, requests, warm, args.inflight_per_worker, clock)
+                lat, _, _ = time_decide_py(pool, requests, warm, args.inflight_per_worker, clock)
                 passes["decide-py"][label].append(summary(lat))
                 passes["place-py"][label].append(
                     summary(time_place(pool, requests, clock, place_fields_py))
@@ -298,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
             "workers": args.workers,
-            "trie_blocks": len(pool.trie),
+            "trie_blocks": len(pool.store),
             "decisions": len(requests),
             "mean_request_blocks": blocks,
             "inflight_requests": args.inflight_per_worker * args.workers,

@@ -22,22 +22,22 @@ import torch
 def run_bench(
     *, rounds: int = 5, copy_tokens: int = 8192, block_size: int = 16, dtype: str = "float32", seed: int = 0
 ) -> dict:
-    from vertumnus.worker.blocks import block_keys
-    from vertumnus.worker.engine import Engine
-    from vertumnus.worker.rank import RankSpec
+    from .blocks import block_keys
+    from .engine import Engine
+    from .rank import RankSpec
 
     gen = torch.Generator().manual_seed(seed)
-    spec = RankSpec(seed=seed, dtype=dtype, block_size=block_size, num_blocks=4 * (copy_tokens // block_size) + 64)
+    spec = RankSpec(seed=seed, dtype=dtype, block_size=block_size, num_blocks=4 * (max(copy_tokens, 512) // block_size) + 64)
     report: dict = {"dtype": dtype, "block_size": block_size, "ranks": 4}
-    with Engine(4, [4], spec, max_tokens=copy_tokens + 1) as engine:
+    with Engine(4, [4], spec, max_tokens=max(copy_tokens, 512) + 1) as engine:
         vocab = engine.vocab_size
 
-        def regroup(degrees):
+        def regroup(degrees: list[int]) -> tuple[float, float]:
             t0 = time.perf_counter()
             for w in list(engine.workers):
                 engine.drain(w)
             drained = time.perf_counter() - t0
-            return drained, engine.switch_epoch(engine.epoch + 1, degrees)
+            return drained, engine.switch_epoch(engine.epoch + 1, degrees).seconds
 
         prompts = [torch.randint(0, vocab, (512,), generator=gen).tolist() for _ in range(4)]
         before = [engine.prefill(0, f"p{i}", p).first_token for i, p in enumerate(prompts)]

@@ -1,11 +1,16 @@
 """The engine: CP workers of the current epoch over one pool of rank processes.
 
 This is the ``Engine`` shell of design.md section 9 for our torch backend. It
-owns a :class:`~vertumnus.worker.pool.RankPool` and, per epoch, a grouping of
-its ranks into workers (:mod:`vertumnus.worker.lattice`). Each worker has a
-dispatcher (:mod:`vertumnus.worker.dispatch`) that batches whatever requests
-are queued into one engine step, so a step is the unit at which nothing else
-happens on those ranks:
+owns a :class:`~vertumnus.worker.pool.RankPool` (one NVLink domain) and, per
+epoch, a grouping of its ranks into workers, each a
+:class:`vertumnus.core.lattice.Slot` — the pool's one vocabulary of shape:
+a pool-level worker id chosen by the controller, a degree, domain 0 and the
+first rank as offset (:mod:`vertumnus.worker.lattice`; a plain list of
+degrees gives the default ids = first ranks). Every method that takes a
+worker takes its id. Each worker has a dispatcher
+(:mod:`vertumnus.worker.dispatch`) that batches whatever requests are queued
+into one engine step, so a step is the unit at which nothing else happens on
+those ranks:
 
 - a **prefill** waits in its worker's queue (queue time), then runs as part of
   a step (execution time);
@@ -18,27 +23,37 @@ happens on those ranks:
   the destination lacks, re-partitioned to the destination's geometry
   (planned by :mod:`vertumnus.worker.copies`).
 
-Errors the caller can fix raise :class:`InvalidRequest` or :class:`NotReady`;
-the engine stays up.
+Cache events of the ranks are folded into per-worker, sequenced events
+(:mod:`vertumnus.worker.events`); :meth:`Engine.list_blocks` gives the
+snapshot that goes with them. Errors the caller can fix raise
+:class:`InvalidRequest` or :class:`NotReady`; the engine stays up.
 """
 
 from __future__ import annotations
 
-import queue
+import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from vertumnus.worker.blocks import block_owner
-from vertumnus.worker.copies import plan_copy
-from vertumnus.worker.dispatch import PrefillOutcome, WorkerRunner
-from vertumnus.worker.errors import InvalidRequest, NotReady
-from vertumnus.worker.lattice import WorkerSlot, grouping
-from vertumnus.worker.pool import RankPool
-from vertumnus.worker.rank import (
+from vertumnus.core.lattice import Slot
+
+from .blocks import Block, block_owner
+from .copies import plan_copy
+from .dispatch import PrefillOutcome, WorkerRunner
+from .errors import InvalidRequest, NotReady
+from .events import EventLog, EventStream, served_by
+from .kv_cache import CacheEvent
+from .lattice import engine_grouping
+from .pool import RankPool
+from .rank import (
+    Command,
     EvictBlocks,
+    FlushBlocks,
     ListBlocks,
     QueryBlocks,
     RankSpec,
@@ -47,7 +62,14 @@ from vertumnus.worker.rank import (
     SendBlocks,
     SetEpoch,
 )
-from vertumnus.worker.step import StepRequest
+from .step import StepRequest
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "BlockListing", "CopyReport", "Engine", "InvalidRequest", "NotReady", "SwitchReport", "format_grouping",
+]
 
 
 @dataclass(frozen=True)
@@ -59,41 +81,69 @@ class CopyReport:
 
 
 @dataclass(frozen=True)
-class WorkerEvent:
-    """A cache event as published: which worker and epoch it belongs to."""
+class SwitchReport:
+    """The outcome of :meth:`Engine.switch_epoch`."""
 
-    kind: str
-    block_keys: tuple[int, ...]
-    positions: tuple[int, ...]
-    rank: int
+    epoch: int
+    seconds: float  # activating the groups on the ranks (design.md section 5, step 3)
+    unchanged: bool  # the epoch and grouping were already in force: nothing was done
+
+
+@dataclass(frozen=True)
+class BlockListing:
+    """A worker's blocks at one point of its event stream."""
+
     worker: int
     epoch: int
+    incarnation: int
+    sequence: int  # the snapshot reflects every event up to this sequence, none after
+    held: dict[int, list[Block]]  # per rank, every block it holds (owned or not)
+    served: list[Block]  # what the worker serves: blocks held by their owner rank
+
+
+def format_grouping(slots: Sequence[Slot]) -> str:
+    """``[0: CP2 at rank 0, 2: CP2 at rank 2]``: a grouping as messages show it."""
+    return "[" + ", ".join(f"{s.worker}: CP{s.degree} at rank {s.offset}" for s in slots) + "]"
+
+
+def _incarnation() -> int:
+    return secrets.randbits(64) or 1  # 0 means "not given" on the wire
 
 
 class Engine:
-    """CP workers over a pool of ``world`` rank processes; see the module docstring."""
+    """CP workers over a pool of ``world`` rank processes; see the module docstring.
+
+    ``grouping`` is the first epoch's workers: Slots (pool-level ids, domain 0,
+    offset = first rank) or degrees left to right (ids = first ranks).
+    ``event_buffer`` is how many events per worker are kept for replay.
+    """
 
     def __init__(
         self,
         world: int,
-        degrees: Sequence[int],
+        grouping: Sequence[Slot] | Sequence[int],
         spec: RankSpec | None = None,
         *,
         max_tokens: int = 8192,
         max_batch_tokens: int = 16384,
+        event_buffer: int = 4096,
     ) -> None:
+        slots = engine_grouping(grouping, world)  # validate before spawning anything
+        if event_buffer < 1:
+            raise ValueError(f"event_buffer must be >= 1, got {event_buffer}")
         self.spec = spec or RankSpec()
         self.max_tokens, self.max_batch_tokens = max_tokens, max_batch_tokens
-        slots = grouping(degrees, world)  # validate before spawning anything
-        self._subscribers: list[queue.Queue] = []
-        self._sub_lock = threading.Lock()
-        self._rank_worker: dict[int, int] = {}
+        self.event_buffer = event_buffer
+        self.incarnation = _incarnation()
         self._control = threading.Lock()  # one epoch switch or copy plan at a time
         self.epoch = 0
+        self.workers: dict[int, WorkerRunner] = {}  # by worker id
+        self._by_rank: dict[int, WorkerRunner] = {}  # every rank -> its worker
         self.pool = RankPool(world, self.spec, on_events=self._publish)
-        self.vocab_size = self.pool.info[0]["vocab_size"]
-        self.block_bytes = self.pool.info[0]["block_bytes"]
-        self.workers: dict[int, WorkerRunner] = {}
+        self.vocab_size: int = self.pool.info[0]["vocab_size"]
+        self.block_bytes: int = self.pool.info[0]["block_bytes"]
+        self.cache_blocks_per_rank: int = self.pool.info[0]["num_blocks"]
+        """KV cache slots of each rank (a worker of degree C holds C times this)."""
         try:
             self._activate(1, slots)
         except Exception:
@@ -108,24 +158,49 @@ class Engine:
     def block_size(self) -> int:
         return self.spec.block_size
 
-    def grouping(self) -> list[WorkerSlot]:
-        return sorted(w.slot for w in self.workers.values())
+    def grouping(self) -> list[Slot]:
+        """The current workers, by first rank."""
+        return sorted((w.slot for w in self.workers.values()), key=lambda s: s.offset)
+
+    # -- workers -----------------------------------------------------------------
+
+    def worker(self, worker: int) -> WorkerRunner:
+        w = self.workers.get(worker)
+        if w is None:
+            raise NotReady(f"no worker {worker} in epoch {self.epoch}; workers: {format_grouping(self.grouping())}")
+        return w
+
+    def worker_at(self, rank: int) -> WorkerRunner | None:
+        """The worker whose first rank is ``rank`` (the one rank ``rank``'s endpoint serves)."""
+        w = self._by_rank.get(rank)
+        return w if w is not None and w.slot.offset == rank else None
+
+    def worker_of(self, rank: int) -> WorkerRunner:
+        """The worker ``rank`` belongs to in the current epoch."""
+        w = self._by_rank.get(rank)
+        if w is None:
+            raise NotReady(f"rank {rank} is not in this {self.world}-rank engine")
+        return w
+
+    @contextmanager
+    def _holding(self, *workers: int) -> Iterator[list[WorkerRunner]]:
+        """The workers with their step locks held (by first rank: one global order),
+        still in the grouping: a regroup that raced us makes this NotReady."""
+        runners = [self.worker(w) for w in workers]
+        with ExitStack() as stack:
+            for w in sorted(runners, key=lambda w: w.slot.offset):
+                stack.enter_context(w.step_lock)
+            for w in runners:
+                if self.workers.get(w.slot.worker) is not w:
+                    raise NotReady(f"{w.describe()} left the grouping in epoch {self.epoch}")
+            yield runners
 
     # -- requests --------------------------------------------------------------
 
-    def worker(self, worker_id: int) -> WorkerRunner:
-        w = self.workers.get(worker_id)
-        if w is None:
-            raise NotReady(
-                f"no worker starts at rank {worker_id} in epoch {self.epoch}; "
-                f"workers: {[f'{s.first}:CP{s.degree}' for s in self.grouping()]}"
-            )
-        return w
-
     def submit(
-        self, worker_id: int, request_id: str, tokens: Sequence[int], *,
+        self, worker: int, request_id: str, tokens: Sequence[int], *,
         use_cache: bool = True, return_hidden: bool = False,
-    ) -> Future:
+    ) -> Future[PrefillOutcome]:
         tokens = tuple(int(t) for t in tokens)
         if not tokens:
             raise InvalidRequest(f"request {request_id!r}: token_ids is empty")
@@ -137,61 +212,83 @@ class Engine:
         if bad is not None:
             raise InvalidRequest(f"request {request_id!r}: token id {bad} outside the vocabulary [0, {self.vocab_size})")
         opts = {"use_cache": use_cache, "return_hidden": return_hidden}
-        return self.worker(worker_id).submit(StepRequest(request_id, tokens), opts)
+        return self.worker(worker).submit(StepRequest(request_id, tokens), opts)
 
-    def prefill(self, worker_id: int, request_id: str, tokens: Sequence[int], **kw) -> PrefillOutcome:
-        return self.submit(worker_id, request_id, tokens, **kw).result()
+    def prefill(
+        self, worker: int, request_id: str, tokens: Sequence[int], *,
+        use_cache: bool = True, return_hidden: bool = False,
+    ) -> PrefillOutcome:
+        return self.submit(worker, request_id, tokens, use_cache=use_cache, return_hidden=return_hidden).result()
 
-    def drain(self, worker_id: int) -> None:
-        self.worker(worker_id).drain()
+    def drain(self, worker: int) -> None:
+        self.worker(worker).drain()
 
-    def resume(self, worker_id: int) -> None:
-        self.worker(worker_id).resume()
+    def resume(self, worker: int) -> None:
+        self.worker(worker).resume()
 
     # -- regrouping ----------------------------------------------------------------
 
-    def switch_epoch(self, epoch: int, degrees: Sequence[int]) -> float:
-        """Activate a new grouping at a step boundary; returns the switch seconds.
+    def switch_epoch(self, epoch: int, grouping: Sequence[Slot] | Sequence[int]) -> SwitchReport:
+        """Commit ``grouping`` (Slots, or degrees with default ids) under ``epoch``.
 
-        Workers whose ranks regroup must have been drained (design.md section 5,
-        step 1); workers that stay as they are keep serving throughout.
+        A worker with the same id, offset and degree as now is kept and keeps
+        serving; every other current worker must have been drained (design.md
+        section 5, step 1). An older epoch is refused; the current epoch again
+        succeeds without doing anything if its grouping is the one in force (a
+        controller resuming after a restart) and is refused otherwise.
         """
-        slots = grouping(degrees, self.world)
+        slots = engine_grouping(grouping, self.world)
         with self._control:
-            if epoch <= self.epoch:
-                raise NotReady(f"epoch {epoch} is not newer than the current epoch {self.epoch}")
+            current = self.grouping()
+            if epoch < self.epoch:
+                raise NotReady(f"epoch {epoch} is older than the current epoch {self.epoch}")
+            if epoch == self.epoch:
+                if set(slots) == set(current):
+                    return SwitchReport(epoch, 0.0, unchanged=True)
+                raise NotReady(
+                    f"epoch {epoch} is already in force with grouping {format_grouping(current)}; "
+                    f"grouping {format_grouping(slots)} needs a newer epoch"
+                )
             changing = [w for w in self.workers.values() if w.slot not in slots]
-            undrained = [w.slot.first for w in changing if not w.draining]
+            undrained = [w.describe() for w in changing if not w.draining]
             if undrained:
-                raise NotReady(f"workers {undrained} must be drained before epoch {epoch} regroups them")
+                raise NotReady(f"{', '.join(undrained)} must be drained before epoch {epoch} regroups them")
             for w in changing:
                 w.drain()
-            return self._activate(epoch, slots)
+            return SwitchReport(epoch, self._activate(epoch, slots), unchanged=False)
 
-    def _activate(self, epoch: int, slots: list[WorkerSlot]) -> float:
-        keep = {s for s in slots if s.first in self.workers and self.workers[s.first].slot == s}
-        leaving = [w for w in self.workers.values() if w.slot not in keep]
+    def _activate(self, epoch: int, slots: list[Slot]) -> float:
+        keep = {s for s in slots if s.worker in self.workers and self.workers[s.worker].slot == s}
+        leaving = sorted((w for w in self.workers.values() if w.slot not in keep), key=lambda w: w.slot.offset)
+        new = [s for s in slots if s not in keep]
+        held: dict[int, list[Block]] = {}
         for w in leaving:
             w.step_lock.acquire()  # park: no step may start on these ranks
         try:
             started = time.perf_counter()
-            new = [s for s in slots if s not in keep]
             self.pool.call({r: SetEpoch(epoch, s) for s in new for r in s.ranks})
             seconds = time.perf_counter() - started
+            if self.workers:  # what the new workers serve already (nothing at start)
+                held = self.pool.call({r: ListBlocks() for s in new for r in s.ranks})
         finally:
             for w in leaving:
                 w.step_lock.release()
         for w in leaving:
             w.stop()
-            del self.workers[w.slot.first]
+            w.events.close(f"{w.describe()} left the grouping in epoch {epoch}")
+            del self.workers[w.slot.worker]
         for s in new:
-            self.workers[s.first] = WorkerRunner(self.pool, s, epoch, self.max_batch_tokens)
+            log = EventLog(s, self.incarnation, epoch, self.event_buffer)
             for r in s.ranks:
-                self._rank_worker[r] = s.first
-        for s in keep:  # the commit makes every worker of the new grouping schedulable
-            self.workers[s.first].epoch = epoch
-            self.workers[s.first].resume()
+                served = sorted(served_by(s, r, held.get(r, [])), key=lambda b: (b.position, b.key))
+                if served:
+                    log.publish("stored", served, r, epoch)
+            self.workers[s.worker] = WorkerRunner(self.pool, s, epoch, self.max_batch_tokens, log)
+        self._by_rank = {r: w for w in self.workers.values() for r in w.slot.ranks}
         self.epoch = epoch
+        for s in keep:  # the commit makes every worker of the new grouping schedulable
+            self.workers[s.worker].epoch = epoch
+            self.workers[s.worker].resume()
         return seconds
 
     # -- blocks ------------------------------------------------------------------
@@ -199,16 +296,19 @@ class Engine:
     def copy_blocks(self, source: int, destination: int, keys: Sequence[int]) -> CopyReport:
         """Copy the prefix ``keys`` (chained keys, root first) from worker ``source`` to
         ``destination``, re-partitioned to the destination's geometry; only blocks the
-        destination lacks move. Refuses, copying nothing, if the source lacks any of them."""
+        destination lacks move. Refuses, copying nothing, if the source lacks any of them.
+        ``source == destination`` moves blocks between the worker's own ranks, to their
+        owners under its geometry (the reconciliation after a merge)."""
         keys = tuple(int(k) for k in keys)
         if not keys:
             raise InvalidRequest("copy: block_keys is empty")
-        if source == destination:
-            raise InvalidRequest(f"copy: source and destination are the same worker {source}")
-        src, dst = self.worker(source), self.worker(destination)
-        first, second = sorted((src, dst), key=lambda w: w.slot.first)
-        with self._control, first.step_lock, second.step_lock:
-            holders = self.pool.call({r: QueryBlocks(keys) for r in (*src.slot.ranks, *dst.slot.ranks)})
+        # source == destination re-partitions within one worker: after a merge, a
+        # block one of the halves held sits on ranks that no longer own it.
+        workers = (source,) if source == destination else (source, destination)
+        with self._control, self._holding(*workers) as runners:
+            src, dst = runners[0], runners[-1]
+            ranks = sorted({*src.slot.ranks, *dst.slot.ranks})
+            holders = self.pool.call({r: QueryBlocks(keys) for r in ranks})
             plan = plan_copy(keys, holders, src.slot, dst.slot)
             if plan.missing:
                 j, key = plan.missing[0]
@@ -217,74 +317,84 @@ class Engine:
                     f"(first at position {j}, key {key:#018x}); nothing copied"
                 )
             started = time.perf_counter()
-            cmds = {r: SendBlocks({d: tuple(ks) for d, ks in m.items()}) for r, m in plan.sends.items()}
+            cmds: dict[int, Command] = {
+                r: SendBlocks({d: tuple(ks) for d, ks in m.items()}) for r, m in plan.sends.items()
+            }
             cmds.update({r: RecvBlocks({s: tuple(bs) for s, bs in m.items()}) for r, m in plan.receives.items()})
             answers = self.pool.call(cmds) if cmds else {}
             seconds = time.perf_counter() - started
         copied = sum(answers[r] for r in plan.receives)
         return CopyReport(copied, plan.skipped, copied * self.block_bytes, seconds)
 
-    def read_blocks(self, worker_id: int, keys: Sequence[int]) -> dict:
+    def read_blocks(self, worker: int, keys: Sequence[int]) -> dict[int, torch.Tensor]:
         """The bytes of ``keys`` as held by each block's owner rank (tests, round trips)."""
-        w = self.worker(worker_id)
-        with w.step_lock:
+        with self._holding(worker) as (w,):
             answers = self.pool.call({r: ReadBlocks(tuple(keys)) for r in w.slot.ranks})
         out = {}
         for j, key in enumerate(keys):
-            owner = w.slot.first + block_owner(j, w.slot.degree)
+            owner = w.slot.offset + block_owner(j, w.slot.degree)
             if key in answers[owner]:
                 out[key] = answers[owner][key]
         return out
 
-    def list_blocks(self, worker_id: int) -> tuple[dict[int, list[tuple[int, int]]], list[int]]:
-        """Per rank, the (key, position) of every block it holds; and the keys the worker
-        serves, i.e. those held by their owner rank under the worker's geometry."""
-        w = self.worker(worker_id)
-        with w.step_lock:
-            held = self.pool.call({r: ListBlocks() for r in w.slot.ranks})
-        served = [
-            key
-            for rank, blocks in sorted(held.items())
-            for key, position in blocks
-            if w.slot.first + block_owner(position, w.slot.degree) == rank
-        ]
-        return held, served
+    def list_blocks(self, worker: int) -> BlockListing:
+        """What each rank holds and what the worker serves, at a known event sequence."""
+        with self._holding(worker) as (w,):
+            held: dict[int, list[Block]] = self.pool.call({r: ListBlocks() for r in w.slot.ranks})
+            sequence = w.events.last_sequence  # no event of w can be published while we hold it
+            epoch = self.epoch
+        served = sorted(
+            (b for r, blocks in held.items() for b in served_by(w.slot, r, blocks)),
+            key=lambda b: (b.position, b.key),
+        )
+        return BlockListing(w.slot.worker, epoch, self.incarnation, sequence, dict(sorted(held.items())), served)
 
-    def evict_blocks(self, worker_id: int, keys: Sequence[int]) -> int:
+    def evict_blocks(self, worker: int, keys: Sequence[int]) -> int:
         """Reclaim: drop ``keys`` from every rank of the worker; returns blocks removed."""
-        w = self.worker(worker_id)
-        with w.step_lock:
+        with self._holding(worker) as (w,):
             answers = self.pool.call({r: EvictBlocks(tuple(keys)) for r in w.slot.ranks})
         return sum(len(v) for v in answers.values())
 
+    def flush_cache(self, worker: int) -> int:
+        """Drop every block the worker's ranks hold and publish one ``cleared`` event;
+        returns the blocks removed (over all its ranks, served or not)."""
+        with self._holding(worker) as (w,):
+            answers = self.pool.call({r: FlushBlocks() for r in w.slot.ranks})
+            w.events.publish("cleared", [], w.slot.offset, self.epoch)
+        return sum(answers.values())
+
     # -- events --------------------------------------------------------------------
 
-    def subscribe(self) -> queue.Queue:
-        q: queue.Queue = queue.Queue()
-        with self._sub_lock:
-            self._subscribers.append(q)
-        return q
+    def subscribe(
+        self, worker: int, from_sequence: int = 0, *, incarnation: int = 0, epoch: int = 0
+    ) -> EventStream:
+        """The worker's events after ``from_sequence`` (replayed, then live), or a
+        ``resync`` event first when that history is not available; see
+        :meth:`vertumnus.worker.events.EventLog.subscribe`."""
+        return self.worker(worker).events.subscribe(
+            from_sequence, incarnation=incarnation, epoch=epoch, current_epoch=self.epoch
+        )
 
-    def unsubscribe(self, q: queue.Queue) -> None:
-        with self._sub_lock:
-            if q in self._subscribers:
-                self._subscribers.remove(q)
-
-    def _publish(self, rank: int, events: list) -> None:
-        worker = self._rank_worker.get(rank, rank)
-        out = [WorkerEvent(e.kind, e.block_keys, e.positions, e.rank, worker, self.epoch) for e in events]
-        with self._sub_lock:
-            for q in self._subscribers:
-                for e in out:
-                    q.put(e)
+    def _publish(self, rank: int, events: list[CacheEvent]) -> None:
+        """Fold one rank's cache events into its worker's events (see events.py)."""
+        w = self._by_rank.get(rank)
+        if w is None:
+            return
+        for e in events:
+            if e.kind == "cleared":
+                continue  # flush_cache publishes one for the whole worker
+            served = served_by(w.slot, rank, e.blocks)
+            if served:
+                w.events.publish(e.kind, served, rank, self.epoch)
 
     def close(self) -> None:
         for w in list(self.workers.values()):
             w.stop()
+            w.events.close(f"{w.describe()}: the engine stopped")
         self.pool.close()
 
     def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

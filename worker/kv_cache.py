@@ -2,40 +2,51 @@
 
 Each rank owns a preallocated pool of ``num_blocks`` slots; a slot holds one
 block's K and V for every layer, shape [layers, 2, block_size, kv_heads,
-head_dim]. The index maps a block's chained key to its slot and its position
-in the prefix. Eviction is least-recently-used over blocks not protected by
+head_dim]. The index maps a block's chained key to its slot, its position
+in the prefix and its parent (the key at position − 1, which a router needs
+to place the block in its trie). Eviction is least-recently-used over blocks not protected by
 the running step; a request touches its blocks tail-first so that, among the
 blocks of one prefix, the tail is evicted before the head (a head without its
 tail is still useful, a tail without its head is not).
 
-Like vLLM's block pool, the cache does no I/O: it appends ``stored`` and
-``removed`` events to a list that the rank drains after each command and the
-worker shell publishes.
+Like vLLM's block pool, the cache does no I/O: it appends ``stored``,
+``removed`` and ``cleared`` events to a list that the rank drains after each
+command; the engine folds them into worker-level events
+(:mod:`vertumnus.worker.events`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from .blocks import Block
+
 
 @dataclass(frozen=True)
 class CacheEvent:
-    """Blocks that became available (``stored``) or were dropped (``removed``) on ``rank``."""
+    """What changed on ``rank``: blocks that became available (``stored``), were
+    dropped (``removed``), or everything dropped at once (``cleared``, no blocks)."""
 
     kind: str
     block_keys: tuple[int, ...]
     positions: tuple[int, ...]
+    parents: tuple[int | None, ...]
     rank: int
+
+    @property
+    def blocks(self) -> list[Block]:
+        return [Block(*b) for b in zip(self.block_keys, self.positions, self.parents, strict=True)]
 
 
 @dataclass
 class _Entry:
     slot: int
     position: int
+    parent: int | None
 
 
 class PagedKVCache:
@@ -78,7 +89,7 @@ class PagedKVCache:
     def __len__(self) -> int:
         return len(self._index)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return iter(list(self._index))
 
     def keys(self) -> list[int]:
@@ -86,6 +97,10 @@ class PagedKVCache:
 
     def position(self, key: int) -> int:
         return self._index[key].position
+
+    def blocks(self) -> list[Block]:
+        """Every cached block, from the next to be evicted to the most recently used."""
+        return [Block(k, e.position, e.parent) for k, e in self._index.items()]
 
     def lru_order(self) -> list[int]:
         """Keys from the next to be evicted to the most recently used."""
@@ -112,7 +127,7 @@ class PagedKVCache:
         """
         protected = set(protect)
         slots: list[int] = []
-        evicted: list[tuple[int, int]] = []
+        evicted: list[Block] = []
         while len(slots) < count:
             if self._free:
                 slots.append(self._free.pop())
@@ -121,7 +136,7 @@ class PagedKVCache:
             if victim is None:
                 break
             entry = self._index.pop(victim)
-            evicted.append((victim, entry.position))
+            evicted.append(Block(victim, entry.position, entry.parent))
             slots.append(entry.slot)
         if evicted:
             self._emit("removed", evicted)
@@ -135,24 +150,24 @@ class PagedKVCache:
         self.pool[slot, layer, 0].copy_(k)
         self.pool[slot, layer, 1].copy_(v)
 
-    def commit(self, blocks: Sequence[tuple[int, int, int]]) -> None:
-        """Publish written slots: ``(key, position, slot)`` triples.
+    def commit(self, blocks: Sequence[tuple[Block, int]]) -> None:
+        """Publish written slots: ``(block, slot)`` pairs.
 
         Later positions enter the LRU order first (older), like :meth:`touch`.
         """
-        for key, position, slot in sorted(blocks, key=lambda b: -b[1]):
-            self._index[key] = _Entry(slot, position)
+        for block, slot in sorted(blocks, key=lambda b: -b[0].position):
+            self._index[block.key] = _Entry(slot, block.position, block.parent)
         if blocks:
-            self._emit("stored", [(k, p) for k, p, _ in blocks])
+            self._emit("stored", [b for b, _ in blocks])
 
-    def insert(self, keys: Sequence[int], positions: Sequence[int], data: torch.Tensor) -> int:
+    def insert(self, blocks: Sequence[Block], data: torch.Tensor) -> int:
         """Install copied blocks (``data`` stacked like :meth:`read`); returns how many fit."""
-        new = [(k, p, i) for i, (k, p) in enumerate(zip(keys, positions, strict=True)) if k not in self._index]
-        slots = self.reserve(len(new), protect=keys)
+        new = [(b, i) for i, b in enumerate(blocks) if b.key not in self._index]
+        slots = self.reserve(len(new), protect=[b.key for b in blocks])
         done = []
-        for (key, position, i), slot in zip(new, slots, strict=False):
+        for (block, i), slot in zip(new, slots, strict=False):
             self.pool[slot].copy_(data[i])
-            done.append((key, position, slot))
+            done.append((block, slot))
         self.commit(done)
         return len(done)
 
@@ -163,16 +178,30 @@ class PagedKVCache:
             entry = self._index.pop(k, None)
             if entry is not None:
                 self._free.append(entry.slot)
-                removed.append((k, entry.position))
+                removed.append(Block(k, entry.position, entry.parent))
         if removed:
             self._emit("removed", removed)
-        return [k for k, _ in removed]
+        return [b.key for b in removed]
+
+    def clear(self) -> int:
+        """Drop every block; one ``cleared`` event. Returns how many were held."""
+        count = len(self._index)
+        self._free.extend(e.slot for e in self._index.values())
+        self._index.clear()
+        self._emit("cleared", [])
+        return count
 
     def drain_events(self) -> list[CacheEvent]:
         events, self._events = self._events, []
         return events
 
-    def _emit(self, kind: str, blocks: list[tuple[int, int]]) -> None:
+    def _emit(self, kind: str, blocks: list[Block]) -> None:
         self._events.append(
-            CacheEvent(kind, tuple(k for k, _ in blocks), tuple(p for _, p in blocks), self.rank)
+            CacheEvent(
+                kind,
+                tuple(b.key for b in blocks),
+                tuple(b.position for b in blocks),
+                tuple(b.parent for b in blocks),
+                self.rank,
+            )
         )

@@ -1,68 +1,103 @@
-"""The lattice of CP groups a pool of ranks can be arranged into.
+"""The groups one engine's ranks can form, and the groupings an engine accepts.
 
-A pool of N ranks (N a power of two: the GPUs of one NVLink domain) can form
-workers of any power-of-two degree C whose ranks are C consecutive ranks
-starting at a multiple of C. Splitting a CP2C worker gives its two aligned
-halves; merging two aligned sibling workers gives their parent. These aligned
-groups are the lattice: for 8 ranks, one CP8, two CP4, four CP2 (and eight
-CP1, which need no process group). Rank processes create a process group for
-every lattice group at start, because ``torch.distributed.new_group`` must be
-called by every rank in the same order: creating them later would need every
-rank of the pool to stop at once.
+An engine is one NVLink domain of N ranks (N a power of two); in the pool's
+vocabulary (:class:`vertumnus.core.lattice.Slot`) it is domain 0, and a
+worker's ``offset`` is its first rank. A worker of degree C uses C
+consecutive ranks starting at a multiple of C, so the multi-rank groups any
+grouping can need are known in advance — the lattice: for 8 ranks, one CP8,
+two CP4, four CP2 (CP1 needs no process group). Rank processes create a
+process group for every one of them at start (:func:`lattice_groups`),
+because ``torch.distributed.new_group`` must be called by every rank in the
+same order: creating them later would need every rank of the pool to stop
+at once.
+
+Worker ids are pool-level ids chosen by the controller. A plain list of
+degrees (the CLI, tests) lays the workers out left to right with the
+default id of each = its first rank (:func:`default_grouping`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from vertumnus.core.lattice import Slot, check_grouping
 
-@dataclass(frozen=True, order=True)
-class WorkerSlot:
-    """One worker of a grouping: ``degree`` ranks starting at global rank ``first``.
+__all__ = ["ENGINE_DOMAIN", "check_world", "default_grouping", "engine_grouping", "lattice_groups"]
 
-    ``first`` doubles as the worker's id: it is the rank whose endpoint serves it.
-    """
-
-    first: int
-    degree: int
-
-    @property
-    def ranks(self) -> range:
-        return range(self.first, self.first + self.degree)
+ENGINE_DOMAIN = 0  # an engine is one domain; the slots it takes and reports use this index
 
 
 def _is_power_of_two(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 
 
-def lattice_groups(world: int) -> list[WorkerSlot]:
-    """Every multi-rank group of the lattice, in the fixed creation order."""
+def check_world(world: int) -> None:
+    """Raise ValueError unless ``world`` ranks can form a lattice (a power of two)."""
     if not _is_power_of_two(world):
-        raise ValueError(f"pool size must be a power of two, got {world}")
-    out = []
+        raise ValueError(f"the pool size (rank count) must be a power of two (1, 2, 4, 8, ...), got {world}")
+
+
+def lattice_groups(world: int) -> list[range]:
+    """The ranks of every multi-rank group of the lattice, in the fixed creation order."""
+    check_world(world)
+    out: list[range] = []
     size = 2
     while size <= world:
-        out.extend(WorkerSlot(first, size) for first in range(0, world, size))
+        out.extend(range(offset, offset + size) for offset in range(0, world, size))
         size *= 2
     return out
 
 
-def grouping(degrees: Sequence[int], world: int) -> list[WorkerSlot]:
-    """Workers for ``degrees`` laid out left to right over the ranks, checked against the lattice."""
+def default_grouping(degrees: Sequence[int], world: int) -> list[Slot]:
+    """Workers of ``degrees`` laid out left to right over the ranks; id = first rank."""
+    check_world(world)
     if not degrees:
         raise ValueError("a grouping needs at least one worker degree")
-    slots, first = [], 0
+    slots, offset = [], 0
     for d in degrees:
         if not _is_power_of_two(d):
             raise ValueError(f"worker degree {d} is not a power of two")
-        if first % d:
+        if offset % d:
             raise ValueError(
-                f"a CP{d} worker cannot start at rank {first}: lattice groups of degree {d} "
+                f"a CP{d} worker cannot start at rank {offset}: lattice groups of degree {d} "
                 f"start at multiples of {d} (reorder the degrees, e.g. larger first)"
             )
-        slots.append(WorkerSlot(first, d))
-        first += d
-    if first != world:
-        raise ValueError(f"degrees {list(degrees)} cover {first} ranks, the pool has {world}")
+        slots.append(Slot(offset, d, ENGINE_DOMAIN, offset))
+        offset += d
+    if offset != world:
+        raise ValueError(f"degrees {list(degrees)} cover {offset} ranks, the pool has {world}")
     return slots
+
+
+def engine_grouping(grouping: Sequence[Slot] | Sequence[int], world: int) -> list[Slot]:
+    """The workers of ``grouping`` (Slots, or degrees left to right), checked and sorted by offset.
+
+    Slots must be in domain 0, have ids that fit the protocol (uint32), pass
+    :func:`vertumnus.core.lattice.check_grouping` and use every rank.
+    Raises ValueError naming the fault.
+    """
+    check_world(world)
+    items = list(grouping)
+    if not items:
+        raise ValueError("a grouping needs at least one worker")
+    degrees = [x for x in items if isinstance(x, int) and not isinstance(x, bool)]
+    if len(degrees) == len(items):
+        return default_grouping(degrees, world)
+    slots: list[Slot] = []
+    for x in items:
+        if not isinstance(x, Slot):
+            raise ValueError(f"a grouping is a list of Slots or of degrees, got {x!r}")
+        slots.append(x)
+    for s in slots:
+        if s.domain != ENGINE_DOMAIN:
+            raise ValueError(
+                f"worker {s.worker}: domain {s.domain}, but an engine is one domain (domain {ENGINE_DOMAIN})"
+            )
+        if not 0 <= s.worker < 2**32:
+            raise ValueError(f"worker id {s.worker} is outside 0..2^32-1")
+    check_grouping(slots, world)
+    used = {r for s in slots for r in s.ranks}
+    idle = [r for r in range(world) if r not in used]
+    if idle:
+        raise ValueError(f"ranks {idle} are in no worker: a grouping uses every rank of the {world}-rank pool")
+    return sorted(slots, key=lambda s: s.offset)

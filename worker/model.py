@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from vertumnus.worker.config import ModelConfig
+
+from .config import ModelConfig
 
 
 def _shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -8,7 +8,8 @@ concurrent commands (say a prefill on one worker and a copy involving
 another) from waiting on each other in a cycle.
 
 Cache events that ranks report with their results are handed to
-``on_events``.
+``on_events`` (the engine folds them into worker-level events), in the
+calling thread, before :meth:`RankPool.call` returns.
 """
 
 from __future__ import annotations
@@ -18,9 +19,16 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from multiprocessing.context import ForkServerContext
+from typing import TYPE_CHECKING, Any
 
-from vertumnus.worker.rank import RankSpec, Shutdown, rank_main
+from .rank import Answer, Command, RankSpec, Shutdown, rank_main
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
+
+    from .kv_cache import CacheEvent
 
 
 class RankError(RuntimeError):
@@ -33,12 +41,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _context():
+def _context() -> ForkServerContext:
     """A forkserver that has imported torch once: ranks start by forking it, which
     skips a multi-second torch import per rank, and forks no threads of ours."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", "vertumnus.worker.rank", "vertumnus.worker.step"])
     return ctx
+
+
+def start_forkserver() -> None:
+    """Start the ranks' forkserver now: it imports torch while the caller goes on
+    (e.g. importing torch itself), instead of after it."""
+    from multiprocessing import forkserver
+
+    _context()
+    forkserver.ensure_running()
 
 
 class RankPool:
@@ -47,15 +64,15 @@ class RankPool:
         world: int,
         spec: RankSpec,
         *,
-        on_events: Callable[[int, list], None] | None = None,
+        on_events: Callable[[int, list[CacheEvent]], None] | None = None,
         start_timeout_s: float = 120.0,
     ) -> None:
         self.world, self.spec = world, spec
         self.on_events = on_events or (lambda rank, events: None)
         ctx = _context()
         port = free_port()
-        self._commands = [ctx.Queue() for _ in range(world)]
-        self._results = [ctx.Queue() for _ in range(world)]
+        self._commands: list[Queue[Command | Shutdown]] = [ctx.Queue() for _ in range(world)]
+        self._results: list[Queue[Answer]] = [ctx.Queue() for _ in range(world)]
         self._procs = [
             ctx.Process(
                 target=rank_main,
@@ -68,7 +85,7 @@ class RankPool:
         self._order = threading.Lock()
         for p in self._procs:
             p.start()
-        self.info = []
+        self.info: list[dict[str, int]] = []
         try:
             for r in range(world):
                 self.info.append(self._await(r, start_timeout_s))
@@ -76,7 +93,7 @@ class RankPool:
             self.close()
             raise
 
-    def call(self, commands: dict, timeout_s: float = 600.0) -> dict:
+    def call(self, commands: Mapping[int, Command], timeout_s: float = 600.0) -> dict[int, Any]:
         """Send ``{rank: command}`` to all ranks at once; wait for every answer.
 
         Raises :class:`RankError` naming the first failing rank after all
@@ -85,7 +102,8 @@ class RankPool:
         with self._order:
             for rank, cmd in commands.items():
                 self._commands[rank].put(cmd)
-        answers, errors = {}, []
+        answers: dict[int, Any] = {}
+        errors: list[RankError] = []
         for rank in commands:
             try:
                 answers[rank] = self._await(rank, timeout_s)
@@ -95,7 +113,7 @@ class RankPool:
             raise errors[0]
         return answers
 
-    def _await(self, rank: int, timeout_s: float):
+    def _await(self, rank: int, timeout_s: float) -> Any:
         deadline = time.monotonic() + timeout_s
         while True:
             try:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import csv
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TextIO
 
 import torch
 
@@ -33,10 +34,10 @@ def run_profile(
     seed: int = 0,
     model_path: str | None = None,
     device: str = "cpu",
-    log=None,
+    log: TextIO | None = None,
 ) -> list[tuple[int, int, int, float]]:
-    from vertumnus.worker.engine import Engine
-    from vertumnus.worker.rank import RankSpec
+    from .engine import Engine
+    from .rank import RankSpec
 
     bad = [p for p in cached if p % block_size]
     if bad:
@@ -72,7 +73,7 @@ def run_profile(
     return rows
 
 
-def write_profile_csv(rows, path: str | Path) -> None:
+def write_profile_csv(rows: Iterable[tuple[int, int, int, float]], path: str | Path) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(PROFILE_HEADER)

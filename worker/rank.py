@@ -10,17 +10,32 @@ changes nothing until every participant has it.
 
 An epoch switch only changes which pre-created group is active: weights and
 cached blocks stay where they are.
+
+A rank ignores SIGINT: a Ctrl-C at the terminal reaches the whole process
+group, and the host, not the rank, decides how to shut down (it drains the
+workers, then sends :class:`Shutdown`).
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import signal
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
-from vertumnus.worker.lattice import WorkerSlot
+from vertumnus.core.lattice import Slot
+
+from .blocks import Block
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
+
+    import torch.distributed as dist
+
+    from .step import GroupComm, StepRequest
 
 
 @dataclass(frozen=True)
@@ -43,8 +58,8 @@ class RankSpec:
 
 @dataclass(frozen=True)
 class Prefill:
-    worker: WorkerSlot
-    requests: tuple  # of step.StepRequest
+    worker: Slot
+    requests: tuple[StepRequest, ...]
     use_cache: bool = True
     return_hidden: bool = False
 
@@ -52,7 +67,7 @@ class Prefill:
 @dataclass(frozen=True)
 class SetEpoch:
     epoch: int
-    worker: WorkerSlot
+    worker: Slot
 
 
 @dataclass(frozen=True)
@@ -62,12 +77,12 @@ class QueryBlocks:
 
 @dataclass(frozen=True)
 class SendBlocks:
-    sends: dict = field(default_factory=dict)  # dst rank -> tuple of keys
+    sends: dict[int, tuple[int, ...]] = field(default_factory=dict)  # dst rank -> keys
 
 
 @dataclass(frozen=True)
 class RecvBlocks:
-    recvs: dict = field(default_factory=dict)  # src rank -> tuple of (key, position)
+    recvs: dict[int, tuple[Block, ...]] = field(default_factory=dict)  # src rank -> blocks
 
 
 @dataclass(frozen=True)
@@ -86,14 +101,31 @@ class EvictBlocks:
 
 
 @dataclass(frozen=True)
+class FlushBlocks:
+    """Drop every block the rank holds."""
+
+
+@dataclass(frozen=True)
 class Shutdown:
     pass
 
 
-def rank_main(rank: int, world: int, port: int, spec: RankSpec, commands, results) -> None:
+Command = (
+    Prefill | SetEpoch | QueryBlocks | SendBlocks | RecvBlocks | ReadBlocks | ListBlocks | EvictBlocks
+    | FlushBlocks
+)
+# What a rank puts on its results queue: (status, payload, cache events, traceback).
+Answer = tuple[str, Any, list[Any], str]
+
+
+def rank_main(
+    rank: int, world: int, port: int, spec: RankSpec,
+    commands: Queue[Command | Shutdown], results: Queue[Answer],
+) -> None:
     """Entry point of a rank process (spawned by the pool)."""
     import torch
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(spec.threads)
     try:
         state = _RankState(rank, world, port, spec)
@@ -123,10 +155,11 @@ class _RankState:
     def __init__(self, rank: int, world: int, port: int, spec: RankSpec) -> None:
         import torch
         import torch.distributed as dist
-        from vertumnus.worker.config import ModelConfig
-        from vertumnus.worker.kv_cache import PagedKVCache
-        from vertumnus.worker.lattice import lattice_groups
-        from vertumnus.worker.model import Model
+
+        from .config import ModelConfig
+        from .kv_cache import PagedKVCache
+        from .lattice import lattice_groups
+        from .model import Model
 
         self.rank, self.world, self.spec = rank, world, spec
         self.device = f"cuda:{rank}" if spec.device == "cuda" else "cpu"
@@ -136,8 +169,13 @@ class _RankState:
             spec.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
             timeout=timedelta(seconds=spec.collective_timeout_s),
         )
-        # Every rank creates every lattice group, in the same order (a collective call).
-        self.groups = {slot: dist.new_group(list(slot.ranks)) for slot in lattice_groups(world)}
+        # Every rank creates every lattice group, in the same order (a collective call),
+        # and keeps those it is a member of.
+        self.groups: dict[range, dist.ProcessGroup] = {}
+        for ranks in lattice_groups(world):
+            group = dist.new_group(list(ranks))
+            if rank in ranks and isinstance(group, dist.ProcessGroup):
+                self.groups[ranks] = group
         dtype = getattr(torch, spec.dtype)
         if spec.model_path:
             self.model = Model.load(spec.model_path, dtype=dtype, device=self.device)
@@ -155,10 +193,10 @@ class _RankState:
             rank=rank,
         )
         self.epoch = 0
-        self.worker: WorkerSlot | None = None
-        self.comm = None
+        self.worker: Slot | None = None
+        self.comm: GroupComm | None = None
 
-    def info(self) -> dict:
+    def info(self) -> dict[str, int]:
         return {
             "rank": self.rank,
             "block_bytes": self.cache.block_bytes,
@@ -166,28 +204,30 @@ class _RankState:
             "vocab_size": self.model.cfg.vocab_size,
         }
 
-    def handle(self, cmd):
+    def handle(self, cmd: Command) -> Any:
         import torch
         import torch.distributed as dist
-        from vertumnus.worker.step import GroupComm, prefill_step
+
+        from .step import GroupComm, prefill_step
 
         if isinstance(cmd, SetEpoch):
+            group = self.groups.get(cmd.worker.ranks)
+            if group is None and cmd.worker.degree > 1:
+                raise RuntimeError(f"rank {self.rank} has no process group for ranks {cmd.worker.ranks}")
             self.epoch, self.worker = cmd.epoch, cmd.worker
-            group = self.groups.get(cmd.worker) if cmd.worker.degree > 1 else None
-            self.comm = GroupComm(group, cmd.worker.degree, self.rank - cmd.worker.first)
+            self.comm = GroupComm(group, cmd.worker.degree, self.rank - cmd.worker.offset)
             if group is not None:
                 dist.barrier(group=group)  # the new group is live on every member
             return {"epoch": self.epoch}
         if isinstance(cmd, Prefill):
-            if cmd.worker != self.worker:
+            if cmd.worker != self.worker or self.comm is None:
                 raise RuntimeError(f"rank {self.rank} is in {self.worker} for epoch {self.epoch}, not {cmd.worker}")
             results, seconds = prefill_step(
                 self.model, self.cache, self.comm, cmd.requests,
                 use_cache=cmd.use_cache, return_hidden=cmd.return_hidden,
             )
-            if self.rank != cmd.worker.first:
-                results = None  # one copy of the answer is enough
-            return {"results": results, "seconds": seconds}
+            lead = self.rank == cmd.worker.offset  # one copy of the answer is enough
+            return {"results": results if lead else None, "seconds": seconds}
         if isinstance(cmd, QueryBlocks):
             return [k in self.cache for k in cmd.keys]
         if isinstance(cmd, SendBlocks):
@@ -196,7 +236,7 @@ class _RankState:
                 data = self.cache.read(keys).contiguous()
                 works.append((dist.isend(data, dst), data))
             for work, _ in works:
-                work.wait()
+                _wait(work)
             return sum(data.numel() * data.element_size() for _, data in works)
         if isinstance(cmd, RecvBlocks):
             shape = self.cache.pool.shape[1:]
@@ -205,17 +245,19 @@ class _RankState:
                 buf = torch.empty((len(blocks), *shape), dtype=self.cache.pool.dtype, device=self.cache.pool.device)
                 posted.append((dist.irecv(buf, src), buf, blocks))
             installed = 0
-            for work, buf, blocks in posted:
-                work.wait()
-                installed += self.cache.insert([k for k, _ in blocks], [p for _, p in blocks], buf)
+            for recv, buf, blocks in posted:
+                _wait(recv)
+                installed += self.cache.insert(blocks, buf)
             return installed
         if isinstance(cmd, ReadBlocks):
             present = [k for k in cmd.keys if k in self.cache]
             return {k: self.cache.read([k])[0].cpu() for k in present}
         if isinstance(cmd, ListBlocks):
-            return [(k, self.cache.position(k)) for k in self.cache]
+            return self.cache.blocks()
         if isinstance(cmd, EvictBlocks):
             return self.cache.evict(cmd.keys)
+        if isinstance(cmd, FlushBlocks):
+            return self.cache.clear()
         raise TypeError(f"unknown command {type(cmd).__name__}")
 
     def close(self) -> None:
@@ -223,3 +265,9 @@ class _RankState:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _wait(work: dist.Work | None) -> None:
+    """Wait for a point-to-point transfer (None: nothing was posted, not a peer)."""
+    if work is not None:
+        work.wait()

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from vertumnus.worker.model import Model
-from vertumnus.worker.zigzag import chunk_attention
+
+from .model import Model
+from .zigzag import chunk_attention
 
 
 def reference_hidden(model: Model, tokens: Sequence[int]) -> torch.Tensor:

@@ -22,12 +22,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from vertumnus.worker.blocks import block_keys, block_owner
-from vertumnus.worker.kv_cache import PagedKVCache
-from vertumnus.worker.model import Model
-from vertumnus.worker.zigzag import ZigzagLayout, local_attention
 
 from vertumnus.core.types import cached_tokens
+
+from .blocks import Block, block_keys, block_owner
+from .kv_cache import PagedKVCache
+from .model import Model
+from .zigzag import ZigzagLayout, local_attention
 
 
 class GroupComm:
@@ -102,7 +103,7 @@ def prefill_step(
 
     # 2. prefix gather, one layer at a time (so a step holds one layer's prefix K/V).
     prefix_gather = _PrefixGather(cache, comm, keys, prefix) if any(prefix) else None
-    no_prefix = [None] * len(requests)
+    no_prefix: list[torch.Tensor | None] = [None] * len(requests)
 
     # 3. layers over this rank's zigzag rows.
     layout = ZigzagLayout(tuple(len(r.tokens) - p for r, p in zip(requests, prefix, strict=True)), C, k)
@@ -146,7 +147,10 @@ def prefill_step(
         )
 
     # 5. publish the new blocks only now that all layers are written.
-    cache.commit([(key, j, slot) for (_, j, key), slot in zip(new_blocks, slots, strict=True)])
+    cache.commit([
+        (Block(key, j, keys[i][j - 1] if j else None), slot)
+        for (i, j, key), slot in zip(new_blocks, slots, strict=True)
+    ])
     return results, time.perf_counter() - start
 
 
@@ -174,12 +178,15 @@ class _PrefixGather:
     is each request's prefix K/V [P, Hkv, d] for the layer, on every rank.
     """
 
-    def __init__(self, cache: PagedKVCache, comm: GroupComm, keys, prefix: list[int]) -> None:
+    def __init__(
+        self, cache: PagedKVCache, comm: GroupComm, keys: Sequence[Sequence[int]], prefix: list[int]
+    ) -> None:
         self.cache, self.comm, self.prefix = cache, comm, prefix
         bs, C, k = cache.block_size, comm.degree, comm.rank
         self.blocks = [-(-p // bs) for p in prefix]  # blocks needed, the last possibly partly used
         self.per_rank = [-(-n // C) for n in self.blocks]
-        rows, self.local_rows = [], []
+        rows: list[int] = []
+        self.local_rows: list[int] = []
         base = 0
         for ks, n, cnt in zip(keys, self.blocks, self.per_rank, strict=True):
             mine = [ks[j] for j in range(k, n, C)]
@@ -189,14 +196,16 @@ class _PrefixGather:
         self.rows = torch.tensor(rows, dtype=torch.long)
         self.total = base
 
-    def layer(self, layer: int) -> tuple[list, list]:
+    def layer(self, layer: int) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
         cache, C = self.cache, self.comm.degree
         pool = cache.pool
         local = torch.zeros((self.total, *pool.shape[2:]), dtype=pool.dtype, device=pool.device)
         if self.local_rows:
             local[self.rows.to(pool.device)] = cache.read(self.local_rows)[:, layer]
         gathered = self.comm.all_gather(local)  # [C, total, 2, bs, Hkv, d]
-        ks, vs, base = [], [], 0
+        ks: list[torch.Tensor | None] = []
+        vs: list[torch.Tensor | None] = []
+        base = 0
         for n, cnt, p in zip(self.blocks, self.per_rank, self.prefix, strict=True):
             if not n:
                 ks.append(None)

@@ -18,9 +18,14 @@ request.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
-from vertumnus.worker.blocks import block_keys
+
+from .blocks import block_keys
+
+if TYPE_CHECKING:
+    from .dispatch import PrefillOutcome
 
 DEFAULT_TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
 
@@ -46,10 +51,10 @@ def run_verify(
     tolerance: float | None = None,
     device: str = "cpu",
 ) -> dict:
-    from vertumnus.worker.engine import Engine
-    from vertumnus.worker.model import Model
-    from vertumnus.worker.rank import RankSpec
-    from vertumnus.worker.reference import reference_hidden
+    from .engine import Engine
+    from .model import Model
+    from .rank import RankSpec
+    from .reference import reference_hidden
 
     degrees = sorted(set(degrees) | {1})
     world = max(degrees)
@@ -61,7 +66,7 @@ def run_verify(
     if model_path:
         model = Model.load(model_path, dtype=getattr(torch, dtype))
     else:
-        from vertumnus.worker.config import ModelConfig
+        from .config import ModelConfig
 
         model = Model.random(ModelConfig.tiny(), seed=seed, dtype=getattr(torch, dtype))
     shared, suffixes = verify_requests(tokens, prefix, model.cfg.vocab_size, seed)
@@ -70,7 +75,9 @@ def run_verify(
 
     report: dict = {"device": device, "dtype": dtype, "tokens": tokens, "prefix": prefix, "block_size": block_size,
                     "batch_lengths": [len(s) for s in plain], "tolerance": tol, "degrees": {}}
-    baseline_plain = baseline_prefixed = None
+    # degree 1 runs first (degrees are sorted) and is every other degree's baseline
+    baseline_plain: list[torch.Tensor] = []
+    baseline_prefixed: list[torch.Tensor] = []
     with Engine(world, [1] * world, spec, max_tokens=total) as engine:
         for epoch, degree in enumerate(degrees, start=2):
             if degree != 1:
@@ -80,9 +87,9 @@ def run_verify(
             all_keys = [k for seq in with_prefix for k in block_keys(seq, block_size)]
             engine.evict_blocks(0, all_keys)  # every degree starts from a cold cache
             futures = [engine.submit(0, f"p{i}", s, use_cache=False, return_hidden=True) for i, s in enumerate(plain)]
-            hidden_plain = [f.result().hidden for f in futures]
+            hidden_plain = [_hidden(f.result()) for f in futures]
             futures = [engine.submit(0, f"f{i}", s, use_cache=False, return_hidden=True) for i, s in enumerate(with_prefix)]
-            hidden_full = [f.result().hidden for f in futures]
+            hidden_full = [_hidden(f.result()) for f in futures]
             if shared:
                 engine.prefill(0, "prefix", shared)  # store the prefix, partitioned over the ranks
             futures = [engine.submit(0, f"c{i}", s, return_hidden=True) for i, s in enumerate(with_prefix)]
@@ -92,21 +99,27 @@ def run_verify(
             ref = max(
                 (h - reference_hidden(model, s)).abs().max().item() for h, s in zip(hidden_plain, plain, strict=True)
             )
-            entry = {
-                "max_abs_diff": max(
-                    (a - b).abs().max().item() for a, b in zip(hidden_plain, baseline_plain, strict=True)
-                ),
-                "prefix_max_abs_diff": max(
-                    (o.hidden - b[o.cached_tokens :]).abs().max().item()
-                    for o, b in zip(cached, baseline_prefixed, strict=True)
-                ),
-                "reference_max_abs_diff": ref,
-                "cached_tokens": [o.cached_tokens for o in cached],
-            }
-            entry["passed"] = bool(
-                max(entry["max_abs_diff"], entry["prefix_max_abs_diff"], ref) <= tol
-                and (prefix < block_size or all(c > 0 for c in entry["cached_tokens"]))
+            plain_diff = max((a - b).abs().max().item() for a, b in zip(hidden_plain, baseline_plain, strict=True))
+            prefix_diff = max(
+                (_hidden(o) - b[o.cached_tokens :]).abs().max().item()
+                for o, b in zip(cached, baseline_prefixed, strict=True)
             )
-            report["degrees"][str(degree)] = entry
+            cached_tokens = [o.cached_tokens for o in cached]
+            report["degrees"][str(degree)] = {
+                "max_abs_diff": plain_diff,
+                "prefix_max_abs_diff": prefix_diff,
+                "reference_max_abs_diff": ref,
+                "cached_tokens": cached_tokens,
+                "passed": bool(
+                    max(plain_diff, prefix_diff, ref) <= tol
+                    and (prefix < block_size or all(c > 0 for c in cached_tokens))
+                ),
+            }
     report["passed"] = all(e["passed"] for e in report["degrees"].values())
     return report
+
+
+def _hidden(outcome: PrefillOutcome) -> torch.Tensor:
+    if outcome.hidden is None:
+        raise RuntimeError(f"request {outcome.request_id}: no hidden states returned")
+    return outcome.hidden

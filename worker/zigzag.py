@@ -66,7 +66,7 @@ class ZigzagLayout:
     def gather_order(self) -> torch.Tensor:
         """Index into the flattened all-gather result [C·rows] giving every request's
         padded uncached tokens back in sequence order, requests concatenated."""
-        order = []
+        order: list[torch.Tensor] = []
         offset = 0
         for s in self.chunk_sizes:
             by_chunk = {}
@@ -129,9 +129,10 @@ def local_attention(
         for j, c in enumerate(layout.chunks_of(layout.rank)):
             end = starts[i] + (c + 1) * s
             keys, values = k_full[starts[i] : end], v_full[starts[i] : end]
-            if prefix_k[i] is not None:
-                keys = torch.cat([prefix_k[i], keys])
-                values = torch.cat([prefix_v[i], values])
+            pk, pv = prefix_k[i], prefix_v[i]
+            if pk is not None and pv is not None:
+                keys = torch.cat([pk, keys])
+                values = torch.cat([pv, values])
             rows = slice(row0 + j * s, row0 + (j + 1) * s)
             out[rows] = chunk_attention(q_local[rows], keys, values, scale)
     return out

@@ -3,6 +3,10 @@
 - A **prefill-time profile** (JSON) holds the coefficients of E_C(R, P);
   see :class:`vertumnus.core.costmodel.PrefillModel`. Bundled ones live in
   ``vertumnus/data/profiles/`` and are named like ``qwen3-30b-a3b/h200``.
+- A **capacity profile** (JSON, ``<profile>.capacity.json`` beside it) holds
+  κ_C per degree for the composition planner
+  (:class:`vertumnus.core.planner.CapacityProfile`), measured by
+  ``python -m vertumnus.sim.capacity``.
 - A **measurement profile** (CSV) is what ``vertumnus profile`` writes and
   ``vertumnus fit`` reads: a header ``degree,uncached_tokens,cached_tokens,seconds``
   and one queue-free measurement per row.
@@ -14,9 +18,11 @@ import csv
 import json
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.fit import ProfileRow
+from vertumnus.core.planner import CapacityProfile
 
 DEFAULT_PROFILE = "qwen3-30b-a3b/h200"
 PROFILE_COLUMNS = ("degree", "uncached_tokens", "cached_tokens", "seconds")
@@ -59,6 +65,44 @@ def load_model(name_or_path: str = DEFAULT_PROFILE) -> PrefillModel:
         raise ProfileError(f"{source}:{e.lineno}: not valid JSON ({e.msg})") from None
     except ValueError as e:
         raise ProfileError(f"{source}: {e}") from None
+
+
+def capacity_file(profile_name: str) -> Any:
+    """Where the bundled capacity profile of ``profile_name`` lives (a resource path)."""
+    return resources.files("vertumnus.data") / "profiles" / (profile_name.replace("/", "_") + ".capacity.json")
+
+
+def load_capacity(name_or_path: str) -> CapacityProfile:
+    """κ per degree: the bundled capacity profile of a prefill-time profile name
+    (``qwen3-30b-a3b/h200``), or a ``.capacity.json`` file by path."""
+    path = Path(name_or_path)
+    if path.suffix == ".json" and path.exists():
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise ProfileError(f"{path}: cannot read capacity profile ({e.strerror})") from None
+    else:
+        res = capacity_file(name_or_path)
+        if not res.is_file():
+            raise ProfileError(
+                f"no capacity profile for {name_or_path!r}; measure one with "
+                "`python -m vertumnus.sim.capacity --trace TRACE.jsonl`"
+            )
+        text = res.read_text()
+    try:
+        return capacity_from_dict(json.loads(text))
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{name_or_path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except ValueError as e:
+        raise ProfileError(f"{name_or_path}: {e}") from None
+
+
+def capacity_from_dict(data: dict[str, Any]) -> CapacityProfile:
+    try:
+        kappa = {int(k): float(v) for k, v in data["kappa_per_s"].items()}
+        return CapacityProfile(kappa, float(data.get("target_attainment", 0.9)))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"malformed capacity profile ({e})") from None
 
 
 def save_model(model: PrefillModel, path: str | Path) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from vertumnus.core.costmodel import PrefillModel
+from vertumnus.core.decision import RouteDecision
 from vertumnus.core.placement import WorkerState
-from vertumnus.core.trie import PrefixTrie, TrieNode
+from vertumnus.core.store import BlockInfo, TrieStore
+from vertumnus.core.trie import PrefixTrie
+from vertumnus.core.types import Request
 
 # Round numbers so marginal benefits can be computed by hand:
 # E_C(R, P) = d_C + a·R + (c·R + α·W(R, P)) / C
@@ -24,12 +27,21 @@ MODEL = PrefillModel(
 
 @dataclass
 class View:
-    """A CacheView over explicit state."""
+    """A CacheView (a PoolView) over explicit state."""
 
     workers: Sequence[WorkerState]
-    trie: PrefixTrie = field(default_factory=PrefixTrie)
+    store: PrefixTrie = field(default_factory=PrefixTrie)
     model: PrefillModel = MODEL
     block_size: int = 4
+
+    def worker(self, worker_id: int) -> WorkerState:
+        return next(w for w in self.workers if w.id == worker_id)
+
+    def matched_blocks(self, request: Request) -> Mapping[int, int]:
+        return self.store.matched_blocks(request.block_keys)
+
+    def inflight_blocks(self, request: Request) -> Mapping[int, int]:
+        return {}
 
 
 def workers(*degrees: int, capacity: int = 100) -> list[WorkerState]:
@@ -38,22 +50,31 @@ def workers(*degrees: int, capacity: int = 100) -> list[WorkerState]:
     ]
 
 
-def hold(trie: PrefixTrie, worker: int, path: Iterable[int]) -> list[TrieNode]:
-    """Worker ``worker`` caches the prefix ``path`` (keys root first)."""
-    parent = None
-    nodes = []
-    for k in path:
-        nodes.append(trie.stored(worker, k, parent))
-        parent = k
-    return nodes
+def placed(worker: int, preferred_degree: int) -> RouteDecision:
+    """A placement decision at ``worker`` with C_pref = ``preferred_degree``."""
+    return RouteDecision(worker, 0.0, 0, preferred_degree)
 
 
-def missing_blocks(node: TrieNode, worker: int) -> int:
-    """Blocks of the root→``node`` path that ``worker`` lacks (the copy
+def hold(store: TrieStore, worker: int, path: Iterable[int]) -> list[BlockInfo]:
+    """Worker ``worker`` caches the prefix ``path`` (keys root first); its blocks."""
+    keys = list(path)
+    store.apply(worker, [(k, i, keys[i - 1] if i else None) for i, k in enumerate(keys)])
+    return list(store.path(keys))
+
+
+def all_keys(store: TrieStore) -> list[int]:
+    """Every block some worker holds, sorted."""
+    return sorted({k for w in store.workers() for k in store.worker_keys(w)})
+
+
+def missing_blocks(store: TrieStore, key: int, worker: int) -> int:
+    """Blocks of the root→``key`` path that ``worker`` lacks (the copy
     footprint), by the plain walk up to the deepest ancestor it holds."""
-    m: TrieNode | None = node
+    block = store.block(key)
+    assert block is not None
+    m = block
     while m is not None:
         if worker in m.holders:
-            return node.depth - m.depth
-        m = m.parent
-    return node.depth
+            return block.depth - m.depth
+        m = store.block(m.parent)
+    return block.depth

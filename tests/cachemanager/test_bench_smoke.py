@@ -6,14 +6,12 @@ import importlib.util
 import json
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import MOONCAKE
+from tests.conftest import MOONCAKE, needs
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.skipif(not MOONCAKE.exists(), reason="shared Mooncake trace not present")
+@needs(MOONCAKE)
 def test_cache_ablation_writes_json_and_plot(tmp_path: Path) -> None:
     spec = importlib.util.spec_from_file_location(
         "cache_ablation", ROOT / "bench" / "cache_ablation.py"

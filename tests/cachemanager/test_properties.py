@@ -10,7 +10,7 @@ from vertumnus.core.cachemanager import CacheManager, CacheManagerSettings, marg
 from vertumnus.core.trie import PrefixTrie
 from vertumnus.core.types import cached_tokens
 
-from .helpers import MODEL, View, missing_blocks, workers
+from .helpers import MODEL, View, all_keys, missing_blocks, workers
 
 DEGREES = (4, 8)
 
@@ -33,22 +33,23 @@ DEGREES = (4, 8)
 @settings(max_examples=80, deadline=None)
 def test_lazy_decay_matches_eager_reference(ops: list, decay: float) -> None:
     trie = PrefixTrie()
-    nodes = [trie.stored(0, k, None) for k in (1, 2, 3)]
+    keys = (1, 2, 3)
+    trie.apply(0, [(k, 0, None) for k in keys])
     view = View(workers(4, 8), trie)
-    mgr = CacheManager(CacheManagerSettings(decay=decay))
+    mgr = CacheManager(CacheManagerSettings(decay=decay), store=trie)
     ref: dict[tuple[str, int, int], float] = {}
     for kind, i, c, amount in ops:
         if kind == "scan":
             mgr.scan(view)
             ref = {k: v * decay for k, v in ref.items()}
         elif kind == "access":
-            mgr.record(nodes[i], c, access=amount)
+            mgr.record(keys[i], c, access=amount)
             ref[(kind, i, c)] = ref.get((kind, i, c), 0.0) + amount
         else:
-            mgr.record(nodes[i], c, missed=amount)
+            mgr.record(keys[i], c, missed=amount)
             ref[(kind, i, c)] = ref.get((kind, i, c), 0.0) + amount
-    for i, node in enumerate(nodes):
-        access, missed = mgr.counters(node)
+    for i, key in enumerate(keys):
+        access, missed = mgr.counters(key)
         for c in DEGREES:
             assert access.get(c, 0.0) == pytest.approx(ref.get(("access", i, c), 0.0), abs=1e-9)
             assert missed.get(c, 0.0) == pytest.approx(ref.get(("missed", i, c), 0.0), abs=1e-9)
@@ -65,8 +66,8 @@ def test_marginal_benefits_telescope(length: int, blocks: int, degree: int) -> N
 
 @st.composite
 def pools(draw: st.DrawFn) -> tuple[View, dict[int, tuple[float, float, int]]]:
-    """A random trie of up to 12 nodes over workers CP4, CP4, CP8, CP8 with
-    consistent holders (a holder of a node holds its ancestors) and counters."""
+    """A random index of up to 12 blocks over workers CP4, CP4, CP8, CP8 with
+    consistent holders (a holder of a block holds its ancestors) and counters."""
     n = draw(st.integers(1, 12))
     parents = [None] + [draw(st.integers(0, i - 1)) for i in range(1, n)]
     view = View(workers(4, 4, 8, 8, capacity=draw(st.integers(1, 12))))
@@ -81,14 +82,12 @@ def pools(draw: st.DrawFn) -> tuple[View, dict[int, tuple[float, float, int]]]:
         path_of.append(path[::-1])
     for w in range(4):
         for i in draw(st.lists(st.integers(0, n - 1), max_size=3)):
-            parent = None
-            for k in path_of[i]:
-                view.trie.stored(w, k, parent)
-                parent = k
-    if not view.trie.nodes:
-        view.trie.stored(0, keys[0], None)
+            path = path_of[i]
+            view.store.apply(w, [(k, d, path[d - 1] if d else None) for d, k in enumerate(path)])
+    if not len(view.store):
+        view.store.apply(0, [(keys[0], 0, None)])
     counters = {}
-    for key in view.trie.nodes:
+    for key in all_keys(view.store):
         if draw(st.booleans()):
             counters[key] = (
                 draw(st.floats(0, 12)),
@@ -105,9 +104,9 @@ def test_candidates_match_naive_reference(pool: tuple) -> None:
     s = CacheManagerSettings(
         theta_inter=1.0, theta_intra=4.0, theta_reclaim=1.0, max_copy_fraction=0.5
     )
-    mgr = CacheManager(s)
+    mgr = CacheManager(s, store=view.store)
     for key, (access, missed, c) in counters.items():
-        mgr.record(view.trie.nodes[key], c, access=access, missed=missed)
+        mgr.record(key, c, access=access, missed=missed)
     plan = mgr.candidates(view)
     got = {
         (x.kind, x.key, x.degree): (x.score, x.footprint)
@@ -115,17 +114,17 @@ def test_candidates_match_naive_reference(pool: tuple) -> None:
     }
     want = {}
     for key in counters:
-        node = view.trie.nodes[key]
-        access, missed = mgr.counters(node)
+        holders = view.store.holders(key)
+        access, missed = mgr.counters(key)
         for c in DEGREES:
             peers = [w for w in view.workers if w.degree == c]
-            r = sum(1 for w in peers if w.id in node.holders)
+            r = sum(1 for w in peers if w.id in holders)
             # naive footprint: walk the path for every destination
             fps = []
             for w in peers:
-                if w.id in node.holders:
+                if w.id in holders:
                     continue
-                missing = missing_blocks(node, w.id)
+                missing = missing_blocks(view.store, key, w.id)
                 if missing <= s.max_copy_fraction * w.cache_capacity_blocks:
                     fps.append(missing)
             a, m_ = access.get(c, 0.0), missed.get(c, 0.0)

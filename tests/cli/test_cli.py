@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.conftest import MOONCAKE
+from tests.conftest import MOONCAKE, needs
 from vertumnus.cli import main
 
 
@@ -44,6 +44,7 @@ def test_simulate_writes_json_and_plot(tmp_path):
         (["--planner", "multi_step=maybe"], "planner setting multi_step: expected true or false"),
         (["--planner", "persist_windows"], "expected NAME=VALUE"),
         (["--planner", "lower=0.95"], "lower"),  # PlannerSettings' own range check
+        (["--compare", "vertumnus-adaptive:4xCP4"], "keeps all --gpus 40 GPUs, but 4xCP4 uses 16"),
     ],
 )
 def test_simulate_errors_are_one_clear_line(args, message):
@@ -59,6 +60,30 @@ def test_bad_trace_line_names_file_and_line(tmp_path):
     p = run("simulate", "--trace", str(t))
     assert p.returncode == 2
     assert "bad.jsonl:2" in p.stderr
+
+
+def test_an_adaptive_pool_can_start_from_a_composition(tmp_path):
+    out = tmp_path / "a.json"
+    rc = main([
+        "simulate", "--trace", "synthetic:duration_s=30", "--gpus", "16",
+        "--compare", "vertumnus-adaptive:2xCP8", "--json", str(out),
+    ])
+    assert rc == 0
+    timeline = json.loads(out.read_text())["policies"]["vertumnus-adaptive:2xCP8"]["composition_timeline"]
+    assert timeline[0]["composition"] == "2xCP8"
+
+
+def test_a_missing_optional_dependency_is_one_clear_line():
+    # As if torch were not installed: the worker commands say which extra to install.
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from vertumnus.cli import main\n"
+        "sys.exit(main(['engine', 'verify', '--json', '-']))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert "needs torch" in p.stderr and "vertumnus[worker]" in p.stderr
+    assert "Traceback" not in p.stderr
 
 
 def test_bad_flag_value_exits_2():
@@ -89,7 +114,7 @@ def test_fit_bad_csv_names_line(tmp_path):
     assert p.returncode == 2 and "p.csv:3" in p.stderr
 
 
-@pytest.mark.skipif(not MOONCAKE.exists(), reason="needs ../shared/traces")
+@needs(MOONCAKE)
 def test_mooncake_runs_through_the_cli(tmp_path):
     out = tmp_path / "m.json"
     p = run("simulate", "--trace", str(MOONCAKE), "--compare", "least-work:4xCP4+3xCP8", "--rate-scale", "4", "--json", str(out))

@@ -9,9 +9,9 @@ from vertumnus.core.blockcache import BlockCache
 def test_lru_evicts_leaves_in_order():
     cache = BlockCache(4)
     d1 = cache.insert([1, 2, 3])
-    assert d1.stored == [(1, None), (2, 1), (3, 2)] and d1.removed == []
+    assert d1.stored == [(1, 0, None), (2, 1, 1), (3, 2, 2)] and d1.removed == []
     d2 = cache.insert([1, 4])  # shares block 1, adds 4
-    assert d2.stored == [(4, 1)] and d2.removed == []
+    assert d2.stored == [(4, 1, 1)] and d2.removed == []
     assert cache.keys_lru_first() == [3, 2, 4, 1]
     d3 = cache.insert([5])
     assert d3.removed == [3]  # the oldest leaf, never its parent 2
@@ -39,7 +39,7 @@ def test_touch_refreshes_a_shared_prefix():
 def test_path_longer_than_capacity_is_truncated():
     cache = BlockCache(2)
     d = cache.insert([1, 2, 3])
-    assert [k for k, _ in d.stored] == [1, 2]
+    assert [k for k, _, _ in d.stored] == [1, 2]
     assert len(cache) == 2
 
 
@@ -76,3 +76,13 @@ def test_cache_is_always_prefix_closed(raw_paths, capacity):
         assert len(cache) <= capacity
         for key, parent in cache._lru.items():
             assert parent is None or parent in cache, (key, parent)
+
+
+def test_prefixes_are_root_to_leaf_paths_least_recent_first():
+    c = BlockCache(10)
+    c.insert([1, 2, 3])
+    c.insert([1, 4])
+    c.insert([5])
+    assert c.prefixes() == [(1, 2, 3), (1, 4), (5,)]
+    c.touch([1, 2, 3], 3)
+    assert c.prefixes() == [(1, 4), (5,), (1, 2, 3)]

@@ -4,8 +4,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vertumnus.core.inflight import InflightPrefixes, merge_matches
+from vertumnus.core.keys import chain_block_hashes
 from vertumnus.core.policies.vertumnus import CostModelPolicy
-from vertumnus.core.types import Composition, Request, chain_block_hashes
+from vertumnus.core.types import Composition, Request
 from vertumnus.sim.engine import PoolConfig, Simulation
 
 
@@ -71,4 +72,4 @@ def test_next_turn_follows_its_queued_predecessor(model):
     by_id = {c.request_id: c for c in res.completions}
     assert by_id[3].worker == by_id[2].worker
     assert by_id[3].cached_tokens == min(59 * 512, 30720 - 1)
-    assert len(sim.policy.inflight) == 0
+    assert len(sim.core.inflight) == 0

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vertumnus.core.costmodel import PrefillModel
-from vertumnus.core.placement import PlacementParams, WorkerState, candidates, place, reserve
+from vertumnus.core.placement import PlacementParams, WorkerState, candidates, place
 
 # E_C(R, P) = R ms / C: easy to compute by hand
 LINEAR = PrefillModel(name="linear", alpha=0.0, c=1e-3, b=0.0, d={1: 0.0, 2: 0.0, 4: 0.0}, a={1: 0.0, 2: 0.0, 4: 0.0})
@@ -54,16 +54,6 @@ def test_preferred_degree_ignores_queues():
     p = place(1000, {}, workers, LINEAR, PlacementParams(beta=1.0, beta_busy=1.0, lam=0.0), BS)
     assert p.worker == 0
     assert p.preferred_degree == 4
-
-
-def test_reservation_spreads_simultaneous_arrivals():
-    workers = [WorkerState(0, 2), WorkerState(1, 2)]
-    first = place(1000, {}, workers, LINEAR, PlacementParams(beta=1.0, beta_busy=1.0), BS)
-    reserve(workers[first.worker], first.estimate_s)
-    second = place(1000, {}, workers, LINEAR, PlacementParams(beta=1.0, beta_busy=1.0), BS)
-    assert (first.worker, second.worker) == (0, 1)
-    assert workers[0].outstanding_s == pytest.approx(0.5)
-    assert workers[0].queued == 1
 
 
 def test_candidates_exclude_unavailable_and_too_long_but_not_misses():

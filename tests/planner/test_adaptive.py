@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 
 from vertumnus.core import planner
+from vertumnus.core.control import history_requests
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.types import Composition, Request
-from vertumnus.sim.capacity import capacity_from_dict, load_capacity, profile_degree
-from vertumnus.sim.reconfig import AdaptiveOptions, build_adaptive, history_requests
+from vertumnus.profiles import capacity_from_dict, load_capacity
+from vertumnus.sim.capacity import profile_degree
+from vertumnus.sim.reconfig import AdaptiveOptions, build_adaptive
 from vertumnus.sim.traces import Trace
 
 from .helpers import two_phase_trace
@@ -48,12 +50,12 @@ def test_history_uses_the_first_seconds_and_an_ideal_cache() -> None:
         ),
         512,
     )
-    hist = history_requests(trace, 10.0)
+    hist = history_requests(trace.requests, trace.block_size, 10.0)
     assert [(h.arrival_s, h.length, h.cached_tokens) for h in hist] == [
         (0.0, 1536, 0),
         (5.0, 2048, 1536),
     ]
-    assert len(history_requests(trace, None)) == 3
+    assert len(history_requests(trace.requests, trace.block_size)) == 3
 
 
 def test_adaptive_pool_reconfigures_and_loses_nothing(model: PrefillModel) -> None:
@@ -123,7 +125,9 @@ def test_adaptive_rejects_degrees_outside_the_profile(model: PrefillModel) -> No
 
 def test_adaptive_pool_runs_with_the_cache_manager_hook(model: PrefillModel) -> None:
     from vertumnus.core.cachemanager import CacheManager
-    from vertumnus.sim.cachesim import CacheManagedPolicy, attach_cache_manager
+    from vertumnus.core.policies.vertumnus import CostModelPolicy
+    from vertumnus.sim.cachesim import attach_cache_manager
+    from vertumnus.sim.engine import Simulation
 
     trace = two_phase_trace()
     opts = AdaptiveOptions(
@@ -131,8 +135,12 @@ def test_adaptive_pool_runs_with_the_cache_manager_hook(model: PrefillModel) -> 
         control=planner.PlannerSettings(window_s=5.0),
         initial=Composition.parse("2xCP8"),
     )
-    policy = CacheManagedPolicy(CacheManager(), opts.placement, name="vertumnus-adaptive")
-    sim = build_adaptive(trace, model, opts, policy=policy)
+    sim = build_adaptive(
+        trace,
+        model,
+        opts,
+        lambda pool: Simulation(pool, CostModelPolicy(opts.placement), cache_manager=CacheManager()),
+    )
     attach_cache_manager(sim)
     result = sim.run(trace.requests)
     assert sorted(c.request_id for c in result.completions) == list(range(len(trace)))

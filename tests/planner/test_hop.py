@@ -147,12 +147,12 @@ def test_mix_evidence_counts_each_long_request_once() -> None:
         assert first_decision_s(buckets, HOP10) == confirmed_at
     ws = windows([bucket(0.6, share=0.05, n_long=2)] * 3, HOP10)
     assert sum(w.long_requests for w in ws) == 8  # what a per-window sum would count
-    assert planner._distinct(ws)[1] == 6  # three distinct hops
+    assert planner.distinct_time(ws)[1] == 6  # three distinct hops
 
 
 def test_the_pooled_share_weights_each_hop_once() -> None:
     ws = windows([bucket(0.5, share=0.0), bucket(0.5, share=0.0), bucket(0.5, share=0.6)], HOP10)
-    pooled = planner._pooled(ws)
+    pooled = planner.pooled_share(ws)
     # Three hops of equal demand, one of them at 0.6: 0.2 (a per-window pool would say 0.15).
     assert all(w.long_share == pytest.approx(0.2) for w in pooled)
     assert [w.demand_s for w in pooled] == [w.demand_s for w in ws]
@@ -165,7 +165,7 @@ def test_disjoint_windows_are_unchanged() -> None:
     assert first_decision_s(w20, replace(DISJOINT, hop_s=20.0)) == first_decision_s(w20, DISJOINT)
     ws = windows(w20, DISJOINT)
     assert all(w.fresh_demand_s is None for w in ws)
-    assert planner._distinct(ws)[1] == sum(w.long_requests for w in ws)
+    assert planner.distinct_time(ws)[1] == sum(w.long_requests for w in ws)
 
 
 def test_follow_through_still_takes_one_evaluation() -> None:

@@ -62,9 +62,9 @@ def changes(seen: list[str], first: str) -> int:
 
 
 def test_the_long_request_count_follows_from_the_margin() -> None:
-    assert planner._min_long_requests(ON) == 7  # 1/(4·0.04) = 6.25
-    assert planner._min_long_requests(replace(ON, mix_margin=0.1)) == 25
-    assert planner._min_long_requests(replace(ON, mix_margin=1.0)) == 1
+    assert planner.min_long_requests(ON) == 7  # 1/(4·0.04) = 6.25
+    assert planner.min_long_requests(replace(ON, mix_margin=0.1)) == 25
+    assert planner.min_long_requests(replace(ON, mix_margin=1.0)) == 1
 
 
 #: Light load (u = 0.1) with ~2 long requests a window (Mooncake at rate

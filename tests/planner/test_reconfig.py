@@ -15,9 +15,11 @@ from hypothesis import strategies as st
 
 from vertumnus.core import planner
 from vertumnus.core.costmodel import PrefillModel
-from vertumnus.core.policies.base import Decision, Policy, PoolView
+from vertumnus.core.decision import RouteDecision
+from vertumnus.core.policies.base import Policy, PoolView, decision_at
+from vertumnus.core.transition import TransitionError
 from vertumnus.core.types import Composition, Request
-from vertumnus.sim.engine import OWN_RANKS, PoolConfig, Simulation
+from vertumnus.sim.engine import PoolConfig, Simulation
 from vertumnus.sim.reconfig import Executor, ExecutorSettings
 
 BS = 4  # tokens per block
@@ -31,15 +33,15 @@ class Routed(Policy):
     def __init__(self, route: Mapping[int, int] | None = None) -> None:
         self.route = dict(route or {})
 
-    def decide(self, request: Request, pool: PoolView) -> Decision | None:
+    def decide(self, request: Request, pool: PoolView) -> RouteDecision | None:
         avail = [w for w in pool.workers if w.available]
         if not avail:
             return None
         want = self.route.get(request.id)
         for w in avail:
             if w.id == want:
-                return Decision(w.id)
-        return Decision(min(avail, key=lambda w: (w.outstanding_s, w.id)).id)
+                return decision_at(request, w.id, pool)
+        return decision_at(request, min(avail, key=lambda w: (w.outstanding_s, w.id)).id, pool)
 
 
 def req(rid: int, t: float, keys: Sequence[int], extra: int = 0) -> Request:
@@ -68,7 +70,7 @@ def test_merge_pending_prefix_is_copied_before_it_is_reused(model: PrefillModel)
     assert result.reconfigurations == 1
     assert [c for _, c in result.composition_timeline] == ["2xCP4", "1xCP8"]
     merged = sim.worker(2)
-    assert merged.degree == 8 and merged.epoch == 1
+    assert merged.degree == 8 and merged.epoch == 2  # epoch 1 is the initial grouping
     by_id = {c.request_id: c for c in result.completions}
     # Request 4: three pending blocks copied first, then a prefill with P = 12.
     transfer = (
@@ -84,8 +86,9 @@ def test_merge_pending_prefix_is_copied_before_it_is_reused(model: PrefillModel)
     # Request 5 reuses block 7 with no copy (both sources had it).
     assert by_id[5].cached_tokens == 4
     assert [r.request_id for r in sim.reconciliations] == [4]
-    # What is still pending: worker 1's blocks 9, 8 (never reused).
-    assert merged.pending == {9: OWN_RANKS, 8: OWN_RANKS}
+    # What is still pending: worker 1's blocks 9, 8 (never reused), from the
+    # merged worker's own ranks.
+    assert dict(sim.core.pending(2)) == {9: 2, 8: 2}
 
 
 def test_split_deals_prefixes_to_children_and_drops_them_when_the_source_is_gone(
@@ -105,11 +108,13 @@ def test_split_deals_prefixes_to_children_and_drops_them_when_the_source_is_gone
     assert result.reconfigurations == 2
     assert [c for _, c in result.composition_timeline] == ["1xCP8", "2xCP4", "2xCP2+1xCP4"]
     by_id = {c.request_id: c for c in result.completions}
-    r2, r3 = sim.reconciliations
+    (r2,) = sim.reconciliations
     assert (r2.request_id, r2.worker, r2.copied_blocks, r2.dropped_blocks) == (2, 1, 2, 0)
     assert by_id[2].cached_tokens == 8
-    # No valid copy of 1-2-3 remains for child 2: dropped, served as a miss.
-    assert (r3.request_id, r3.worker, r3.copied_blocks, r3.dropped_blocks) == (3, 2, 0, 3)
+    # Once child 1 is split again no valid copy of 1-2-3 remains for child 2:
+    # dropped there at that commit, and request 3 is served as a miss.
+    second = ex.transitions[1]
+    assert sim.invalidations == [(second.committed_s, 2, 3)]
     assert by_id[3].cached_tokens == 0
     assert by_id[3].ttft_s - sim.pool.t_ext_s == pytest.approx(model.predict(4, 16, 0))
 
@@ -151,10 +156,10 @@ def test_new_workers_are_not_schedulable_before_commit(model: PrefillModel) -> N
     ex = Executor(sim, ExecutorSettings(switch_delay_s=2.0))
     seen: list[tuple[float, list[int]]] = []
     sim.at(1.0, lambda: ex.execute(planner.Merge((0, 1))))
-    sim.at(2.0, lambda: seen.append((sim.now, [w.id for w in sim.workers if w.available])))
+    sim.at(2.0, lambda: seen.append((sim.now, [w.id for w in sim.core.workers if w.available])))
     sim.run([req(0, 0.0, [1]), req(1, 2.5, [2])])
     assert seen == [(2.0, [])]
-    assert sim.epoch == 1 and [w.id for w in sim.workers] == [2]
+    assert sim.epoch == 2 and [w.id for w in sim.core.workers] == [2]
 
 
 # -- property: no request is lost or served twice ---------------------------
@@ -193,18 +198,18 @@ def _assert_consistent(sim: Simulation, ex: Executor, result, n_requests: int) -
     assert sorted(ids) == list(range(n_requests)), "a request was lost"
     assert result.rejected == []
     assert not ex.busy
-    assert result.reconfigurations == len(ex.transitions) == sim.epoch
+    assert result.reconfigurations == len(ex.transitions) == sim.epoch - 1
     # Every reused block was installed: copies happen before the prefill, and
     # the cached tokens never exceed what the worker held at start.
     for c in result.completions:
         assert 0 <= c.cached_tokens < c.length
+    store = sim.core.store
     for w in sim.sim_workers():
-        for key in w.cache.keys_lru_first():
-            assert w.id in sim.trie.nodes[key].holders
-        assert set(w.pending) <= set(w.cache.keys_lru_first())
-    for node in sim.trie.nodes.values():
-        for holder in node.holders:
-            assert sim.has_worker(holder) and node.key in sim.worker(holder).cache
+        assert set(store.worker_keys(w.id)) == set(w.cache.keys_lru_first())
+        assert set(sim.core.pending(w.id)) <= set(w.cache.keys_lru_first())
+        # A pending block's source is in the pool (itself, or a sibling).
+        assert all(sim.has_worker(src) for src in sim.core.pending(w.id).values())
+    assert store.workers() <= {w.id for w in sim.sim_workers()}
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -232,8 +237,8 @@ def test_no_request_lost_or_served_twice_across_random_reconfigurations(
             layout=state.layout, epoch=state.epoch, pending=(op,)
         )
 
-        def committed(added: list[int]) -> None:
-            box["state"] = planner.commit(box["state"], added)
+        def committed(commit) -> None:
+            box["state"] = planner.commit(box["state"], commit.new_ids)
 
         ex.execute(op, committed)
 
@@ -293,8 +298,8 @@ def test_no_request_lost_or_served_twice_across_concurrent_reconfigurations(
         box["state"] = replace(state, pending=state.pending + tuple(started))
         for op in started:
 
-            def committed(added: list[int], op=op) -> None:
-                box["state"] = planner.commit(box["state"], added, op)
+            def committed(commit, op=op) -> None:
+                box["state"] = planner.commit(box["state"], commit.new_ids, op)
 
             ex.execute(op, committed)
         most[0] = max(most[0], ex.in_flight)
@@ -316,7 +321,7 @@ def test_concurrent_operations_drain_only_their_own_workers(model: PrefillModel)
     sim = Simulation(pool("4xCP2", model), Routed({0: 2}))
     ex = Executor(sim, ExecutorSettings(switch_delay_s=0.5))
     sim.at(1.0, lambda: [ex.execute(planner.Merge((0, 1))), ex.execute(planner.Merge((2, 3)))])
-    with pytest.raises(RuntimeError, match="already being reconfigured"):
+    with pytest.raises(TransitionError, match="already being reconfigured"):
         sim.at(1.1, lambda: ex.execute(planner.Split(2)))
         sim.run([req(0, 0.9, [1, 2], 60000)])
     sim2 = Simulation(pool("4xCP2", model), Routed({0: 2}))
@@ -327,4 +332,4 @@ def test_concurrent_operations_drain_only_their_own_workers(model: PrefillModel)
     assert ex2.max_in_flight == 2
     assert first.removed == (0, 1) and first.committed_s == pytest.approx(1.5)
     assert second.removed == (2, 3) and second.drained_s > 3.0  # the 60K-token prefill
-    assert sim2.epoch == 2 and str(sim2.composition) == "2xCP4"
+    assert sim2.epoch == 3 and str(sim2.composition) == "2xCP4"

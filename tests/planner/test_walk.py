@@ -1,4 +1,4 @@
-"""The incremental walk (planner._walk) takes exactly the decisions of the full re-enumeration.
+"""The incremental walk (planner.walk) takes exactly the decisions of the full re-enumeration.
 
 ``_walk_reference`` below is the walk as it was before it became incremental
 (2026-11-30): at every step it re-enumerates every candidate operation
@@ -259,7 +259,7 @@ def test_incremental_walk_matches_the_reference(seed: int) -> None:
                 target = Composition(tuple(s.degree for s in layout.slots))
         args = (layout, pending, loads, direction, CAP, settings, workers)
         want = _walk_reference(*args, target=target, limit=limit)
-        got = planner._walk(*args, target=target, limit=limit)
+        got = planner.walk(*args, target=target, limit=limit)
         assert got == want, (seed, layout, pending, loads, direction, limit, target)
         checked += len(want[0])
     assert checked > 250  # the cases do walk (not only stop at once)
@@ -281,7 +281,7 @@ def test_large_pool_walks_match_the_reference() -> None:
         for limit in (16, None):
             args = (layout, (), (load,), direction, CAP, settings, workers)
             want = _walk_reference(*args, limit=limit)
-            assert planner._walk(*args, limit=limit) == want
+            assert planner.walk(*args, limit=limit) == want
             assert len(want[0]) >= 16
 
 
@@ -307,7 +307,7 @@ def test_step_and_advance_take_the_reference_decisions() -> None:
                 (),
                 limit=settings.max_walk,
             )
-            got, _ = planner._walk(
+            got, _ = planner.walk(
                 state.layout,
                 state.pending,
                 state.plan,

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.placement import WorkerState
+from vertumnus.core.policies.base import Policy, decision_at
+from vertumnus.core.trie import PrefixTrie
 from vertumnus.core.types import Request
 
 BS = 4
@@ -31,9 +33,22 @@ class FakePool:
     block_size: int = BS
     matched: dict[int, int] = field(default_factory=dict)
     """Exact cached leading blocks per worker, as KV events would report."""
+    store: PrefixTrie = field(default_factory=PrefixTrie)
+    """Unused by the fake's matches (``matched`` answers); there for the protocol."""
+
+    def worker(self, worker_id: int) -> WorkerState:
+        return next(w for w in self.workers if w.id == worker_id)
 
     def matched_blocks(self, request: Request) -> Mapping[int, int]:
         return self.matched
+
+    def inflight_blocks(self, request: Request) -> Mapping[int, int]:
+        return {}
+
+
+def observe(policy: Policy, request: Request, worker: int, pool: FakePool) -> None:
+    """Tell ``policy`` that ``request`` was placed at ``worker`` (by whatever rule)."""
+    policy.observe_placed(request, decision_at(request, worker, pool), pool)
 
 
 def pool(n: int = 2, degree: int = 4, **kw) -> FakePool:

@@ -1,12 +1,12 @@
 """The optimized hot path returns exactly what the naive reference does.
 
 ``place()`` (both its compiled C twin and the pure-Python fallback),
-``PrefixTrie.holder_depths`` / ``matched_blocks``,
 ``InflightPrefixes.matched_blocks``, ``merge_matches`` and
 ``CostModelPolicy.decide`` were rewritten for speed (issue 4). These property
 tests run them against the straightforward versions they replaced, on random
 pools, tries and in-flight sets, and demand identical results — same worker,
-same floats, same preferred degree.
+same floats, same preferred degree. (``PrefixTrie.matched_blocks`` is held
+against a naive reference by the store contract suite, ``tests/store/``.)
 """
 
 from __future__ import annotations
@@ -19,18 +19,17 @@ from hypothesis import strategies as st
 
 from vertumnus.core import placement
 from vertumnus.core.costmodel import PrefillModel
+from vertumnus.core.decision import RouteDecision
 from vertumnus.core.inflight import InflightPrefixes, merge_matches
 from vertumnus.core.placement import (
-    Placement,
     PlacementParams,
     WorkerState,
     candidates,
     place,
     place_fields_py,
 )
-from vertumnus.core.policies.base import Decision
 from vertumnus.core.policies.vertumnus import CostModelPolicy
-from vertumnus.core.trie import PrefixTrie, TrieNode
+from vertumnus.core.trie import PrefixTrie
 from vertumnus.core.types import Request, cached_tokens
 
 try:
@@ -62,7 +61,7 @@ preferred degree is decided by the first-minimum rule alone."""
 
 
 def naive_place(length, matched_blocks, workers, model, params, block_size):
-    """The pre-optimization place(), verbatim."""
+    """The pre-optimization place(), verbatim (worker, Ê, cached, cost, C_pref), or None."""
     cands = candidates(workers, length, model)
     if not cands:
         return None
@@ -81,21 +80,30 @@ def naive_place(length, matched_blocks, workers, model, params, block_size):
         cost = w.outstanding_s + own
         if cost < best_cost:
             best_cost = cost
-            best = Placement(w.id, est, p, cost, 0)
+            best = (w.id, est, p, cost)
         if own < pref_cost:
             pref_cost = own
             pref_degree = w.degree
     assert best is not None
-    return Placement(best.worker, best.estimate_s, best.cached_tokens, best.cost, pref_degree)
+    return (*best, pref_degree)
 
 
-def naive_holder_depths(path: list[TrieNode]) -> dict[int, int]:
+def fields(d: RouteDecision | None):
+    return None if d is None else (d.worker, d.estimate_s, d.cached_tokens, d.cost, d.preferred_degree)
+
+
+def naive_holder_depths(trie: PrefixTrie, keys) -> dict[int, int]:
+    """Per worker, the leading keys it holds."""
     depths: dict[int, int] = {}
-    for node in path:
-        if not node.holders:
-            break
-        for w in node.holders:
-            depths[w] = node.depth
+    workers = {w for k in keys for w in trie.holders(k)}
+    for w in workers:
+        n = 0
+        for k in keys:
+            if w not in trie.holders(k):
+                break
+            n += 1
+        if n:
+            depths[w] = n
     return depths
 
 
@@ -124,12 +132,14 @@ def test_place_matches_the_naive_reference(workers, length, matched, lam, block_
     ws = [WorkerState(i, d, available=a, outstanding_s=q, queued=n) for i, (d, q, a, n) in enumerate(workers)]
     params = PlacementParams(lam=lam)
     want = naive_place(length, matched, ws, model, params, block_size)
-    assert place(length, matched, ws, model, params, block_size) == want
+    got = place(length, matched, ws, model, params, block_size)
+    assert fields(got) == want
+    if got is not None:
+        assert got.queue_s == ws[got.worker].outstanding_s
     # Both implementations, whichever one place() runs here.
-    want_fields = None if want is None else tuple(getattr(want, f) for f in Placement.__slots__)
-    assert place_fields_py(length, matched, ws, model, params, block_size) == want_fields
+    assert place_fields_py(length, matched, ws, model, params, block_size) == want
     if compiled is not None:
-        assert compiled(length, matched, ws, model, params, block_size) == want_fields
+        assert compiled(length, matched, ws, model, params, block_size) == want
 
 
 def test_the_compiled_hot_path_is_built_and_in_use():
@@ -188,41 +198,7 @@ def test_place_prefers_the_first_of_tied_degrees():
         ws = [WorkerState(i, d, outstanding_s=1.0) for i, d in enumerate(degrees)]
         for matched in ({}, {1: 3}, {0: 3, 1: 3}):
             got = place(2000, matched, ws, FLAT, params, 16)
-            assert got == naive_place(2000, matched, ws, FLAT, params, 16)
-
-
-@settings(max_examples=100, deadline=None)
-@given(
-    inserts=st.lists(
-        st.tuples(st.integers(0, 5), st.lists(st.integers(0, 3), min_size=1, max_size=6)),
-        max_size=25,
-    ),
-    removals=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 60)), max_size=10),
-    query=st.lists(st.integers(0, 3), min_size=1, max_size=7),
-)
-def test_holder_depths_matches_the_naive_reference(inserts, removals, query):
-    trie = PrefixTrie()
-
-    def chain(xs: list[int]) -> list[int]:
-        out, prev = [], 0
-        for x in xs:
-            prev = prev * 7 + x + 1
-            out.append(prev)
-        return out
-
-    for worker, xs in inserts:
-        keys = chain(xs)
-        for i, k in enumerate(keys):
-            trie.stored(worker, k, keys[i - 1] if i else None)
-    # Removals in any order, even ones that break "a deeper holder holds the
-    # ancestors": the two must agree regardless.
-    for worker, key in removals:
-        trie.removed(worker, key)
-    path = trie.match(chain(query))
-    assert trie.holder_depths(path) == naive_holder_depths(path)
-    # matched_blocks fuses match + holder_depths; raw (unchained) keys too.
-    assert trie.matched_blocks(chain(query)) == naive_holder_depths(path)
-    assert trie.matched_blocks(query) == naive_holder_depths(trie.match(query))
+            assert fields(got) == naive_place(2000, matched, ws, FLAT, params, 16)
 
 
 def naive_inflight_matched(by_request: dict[int, tuple[int, tuple[int, ...]]], keys) -> dict[int, int]:
@@ -286,21 +262,29 @@ def test_merge_matches_the_naive_reference(cached, inflight):
 
 @dataclass
 class TriePool:
+    """A PoolView over fixed worker states, a trie and an in-flight index."""
+
     workers: list[WorkerState]
-    trie: PrefixTrie
+    store: PrefixTrie
+    inflight: InflightPrefixes
     model: PrefillModel = MODEL
     block_size: int = 16
 
+    def worker(self, worker_id: int) -> WorkerState:
+        return next(w for w in self.workers if w.id == worker_id)
+
     def matched_blocks(self, request: Request):
-        return self.trie.matched_blocks(request.block_keys)
+        return self.store.matched_blocks(request.block_keys)
+
+    def inflight_blocks(self, request: Request):
+        return self.inflight.matched_blocks(request.block_keys)
 
 
-def naive_decide(policy: CostModelPolicy, request: Request, pool: TriePool, live) -> Decision | None:
-    matched = naive_holder_depths(pool.trie.match(request.block_keys))
+def naive_decide(policy: CostModelPolicy, request: Request, pool: TriePool, live):
+    matched = naive_holder_depths(pool.store, request.block_keys)
     if live:
         matched = naive_merge(dict(matched), naive_inflight_matched(live, request.block_keys))
-    p = naive_place(request.length, matched, pool.workers, pool.model, policy.params, pool.block_size)
-    return None if p is None else Decision(p.worker, p.preferred_degree, p.estimate_s)
+    return naive_place(request.length, matched, pool.workers, pool.model, policy.params, pool.block_size)
 
 
 @settings(max_examples=100, deadline=None)
@@ -328,22 +312,22 @@ def test_decide_matches_the_naive_reference(workers, cached, arrivals):
 
     for worker, xs in cached:
         keys = chain(xs)
-        for i, k in enumerate(keys):
-            trie.stored(worker, k, keys[i - 1] if i else None)
-    pool = TriePool(ws, trie)
+        trie.apply(worker, [(k, i, keys[i - 1] if i else None) for i, k in enumerate(keys)])
+    pool = TriePool(ws, trie, InflightPrefixes())
     policy = CostModelPolicy(PlacementParams(lam=0.1))
     live: dict[int, tuple[int, tuple[int, ...]]] = {}
     for rid, (xs, tokens_per_block, finish_oldest) in enumerate(arrivals):
         keys = chain(xs)
         request = Request(rid, 0.0, len(keys) * tokens_per_block, keys)
         got = policy.decide(request, pool)
-        assert got == naive_decide(policy, request, pool, live)
+        assert fields(got) == naive_decide(policy, request, pool, live)
         if got is not None:
-            policy.observe_placed(request, got.worker, pool)
+            pool.inflight.add(rid, got.worker, keys)
             live[rid] = (got.worker, keys)
         if finish_oldest and live:
             oldest = min(live)
-            policy.observe_completed(Request(oldest, 0.0, 1, live.pop(oldest)[1]), 0)
+            pool.inflight.remove(oldest)
+            live.pop(oldest)
 
 
 def test_compiled_hot_path_matches_python_on_large_pools_and_the_shipped_profile():

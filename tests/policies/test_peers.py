@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from tests.policies.fakes import pool, req
+from tests.policies.fakes import observe, pool, req
 from vertumnus.core.policies.peers import (
     LLMD,
     AIBrixConductor,
@@ -67,7 +67,7 @@ def test_least_requests_counts_requests_not_work():
 def _sglang_with_prefix_on_w0(**kw) -> tuple[SGLangCacheAware, object]:
     p = pool(2)
     pol = SGLangCacheAware(**kw)
-    pol.observe_placed(req(0, (1, 2, 3, 4)), 0, p)
+    observe(pol, req(0, (1, 2, 3, 4)), 0, p)
     return pol, p
 
 
@@ -101,14 +101,14 @@ def test_sglang_inserts_the_prompt_into_the_chosen_tree_even_when_balancing():
     p.workers[0].queued = 100
     r = req(1, (1, 2, 3, 4, 5))
     assert pol.decide(r, p).worker == 1
-    pol.observe_placed(r, 1, p)
+    observe(pol, r, 1, p)
     assert pol.tree.matched(r.block_keys) == {0: 4, 1: 5}
 
 
 def test_sglang_evicts_each_tree_to_max_size_on_its_interval():
     # max_tree_size = 3 blocks of 4 tokens at 4 chars/token = 48 chars.
     pol, p = _sglang_with_prefix_on_w0(max_tree_size_chars=48, eviction_interval_s=10.0)
-    pol.observe_placed(req(1, (1, 2, 3, 4, 5)), 0, p)
+    observe(pol, req(1, (1, 2, 3, 4, 5)), 0, p)
     pol.decide(req(2, (9,), t=5.0), p)
     assert pol.tree.size(0) == 5  # not yet: the sweep runs every 10 s
     pol.decide(req(3, (9,), t=10.0), p)
@@ -122,7 +122,7 @@ def test_sglang_evicts_each_tree_to_max_size_on_its_interval():
 def test_llmd_weighted_sum_of_prefix_queue_and_kv_cache():
     p = pool(2)
     pol = LLMD(rng=random.Random(0))
-    pol.observe_placed(req(0, (1, 2, 3, 4)), 0, p)
+    observe(pol, req(0, (1, 2, 3, 4)), 0, p)
     p.workers[0].queued, p.workers[1].queued = 3, 1
     # Full prefix on w0: w0 = 3·1 + 2·0 (longest queue) + 2·1 = 5; w1 = 0 + 2·1 + 2·1 = 4.
     assert pol.totals(req(1, (1, 2, 3, 4)), p) == {0: 5.0, 1: 4.0}
@@ -134,7 +134,7 @@ def test_llmd_weighted_sum_of_prefix_queue_and_kv_cache():
 def test_llmd_kv_cache_scorer_reads_the_running_requests_blocks():
     p = pool(2)
     pol = LLMD()
-    pol.observe_placed(req(0, tuple(range(10))), 0, p)  # 10 blocks of a 100-block cache
+    observe(pol, req(0, tuple(range(10))), 0, p)  # 10 blocks of a 100-block cache
     p.workers[0].running = 1
     # kv score w0 = 1 − 10/100 = 0.9; prefix of (50,) = 0 both; queues equal → 1 both.
     assert pol.totals(req(1, (50,)), p) == pytest.approx({0: 2 + 2 * 0.9, 1: 4.0})
@@ -148,7 +148,7 @@ def test_llmd_approximate_mode_hashes_at_most_4096_tokens():
     p.block_size = 512
     pol = LLMD()
     keys = tuple(range(20))
-    pol.observe_placed(req(0, keys, length=20 * 512), 0, p)
+    observe(pol, req(0, keys, length=20 * 512), 0, p)
     # Only the first 8 blocks (4096 tokens) are hashed: a request sharing
     # just those scores 1.0 at w0, the same as one sharing all 20.
     assert pol.approx is not None
@@ -189,7 +189,7 @@ def test_dynamo_books_active_load_at_placement_and_releases_it_on_completion():
     p.matched = {0: 3}
     pol = DynamoKV()
     r = req(0, (1, 2, 3, 4))
-    pol.observe_placed(r, 1, p)  # w1 holds nothing: all 16 tokens are prefill
+    observe(pol, r, 1, p)  # w1 holds nothing: all 16 tokens are prefill
     assert (pol.prefill_tokens[1], pol.active_blocks[1]) == (16, 4)
     # Next identical request: w0 = 1 + 4 = 5; w1 = (16 + 16)/4 + (4 + 4) = 16.
     assert pol.logits(req(1, (1, 2, 3, 4)), p) == {0: 5.0, 1: 16.0}
@@ -202,8 +202,8 @@ def test_dynamo_and_llmd_move_their_bookings_when_the_shell_re_places_a_request(
     dyn, llmd = DynamoKV(), LLMD()
     r = req(0, (1, 2, 3, 4))
     for pol in (dyn, llmd):
-        pol.observe_placed(r, 1, p)
-        pol.observe_placed(r, 0, p)  # worker 1 drained: the request moved to 0
+        observe(pol, r, 1, p)
+        observe(pol, r, 0, p)  # worker 1 drained: the request moved to 0
     assert (dyn.prefill_tokens[1], dyn.active_blocks[1]) == (0, 0)
     assert (dyn.prefill_tokens[0], dyn.active_blocks[0]) == (16, 4)
     assert dict(llmd.kv.inflight[1]) == {} and dict(llmd.kv.inflight[0]) == {0: 4}
@@ -225,7 +225,7 @@ def test_dynamo_temperature_zero_breaks_ties_with_the_seeded_rng():
 def test_aibrix_conductor_estimated_ttft():
     p = pool(2)
     pol = AIBrixConductor()
-    pol.observe_placed(req(0, tuple(range(1000))), 0, p)
+    observe(pol, req(0, tuple(range(1000))), 0, p)
     r = req(1, tuple(range(500)) + tuple(range(5000, 5500)))  # 4000 tokens, 50 % on w0
     # w0: prefix 0.005·2000 + 1 = 11; prefill 0.001·2000^1.5 + 5 = 94.443 → 105.443
     # w1: prefill 0.001·4000^1.5 + 5 = 257.982
@@ -251,9 +251,9 @@ def test_vllm_kvaware_longest_match_within_threshold_else_lowest_qps():
     assert pol.decide(r, p).worker == 1
     p.matched = {1: 7}  # 28 < 32: fall back; w0 was never sent a request → w0
     assert pol.decide(r, p).worker == 0
-    pol.observe_placed(req(1, (1,), t=0.0), 0, p)
-    pol.observe_placed(req(2, (1,), t=1.0), 0, p)
-    pol.observe_placed(req(3, (1,), t=2.0), 1, p)
+    observe(pol, req(1, (1,), t=0.0), 0, p)
+    observe(pol, req(2, (1,), t=1.0), 0, p)
+    observe(pol, req(3, (1,), t=2.0), 1, p)
     # Both seen: w0 routed 2 in the last 60 s, w1 1 → w1.
     assert pol.decide(req(4, tuple(range(10)), t=3.0), p).worker == 1
     # 100 s later w0's two have left the window, w1's one too: tie → lowest id.
@@ -265,7 +265,7 @@ def test_vllm_kvaware_longest_match_within_threshold_else_lowest_qps():
 
 def _place(pol, p, r):
     d = pol.decide(r, p)
-    pol.observe_placed(r, d.worker, p)
+    pol.observe_placed(r, d, p)
     return d.worker
 
 

@@ -4,9 +4,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vertumnus.core.keys import chain_block_hashes
 from vertumnus.core.policies.simple import CacheFirst, LeastWork, LengthOnly, RoundRobin
 from vertumnus.core.policies.vertumnus import CostModelPolicy
-from vertumnus.core.types import Composition, Request, chain_block_hashes
+from vertumnus.core.types import Composition, Request
 from vertumnus.sim.engine import PoolConfig, Simulation
 from vertumnus.sim.registry import KINDS
 from vertumnus.sim.runner import PolicySpec, RunSettings, run_policy

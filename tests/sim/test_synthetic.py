@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vertumnus.core.types import Request, cached_tokens, chain_block_hashes
+from vertumnus.core.keys import chain_block_hashes
+from vertumnus.core.types import Request, cached_tokens
 from vertumnus.sim.synthetic import SyntheticConfig, generate, token_hit_rate, trace_stats
 from vertumnus.sim.traces import Trace, TraceError, load_trace
 

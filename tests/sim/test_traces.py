@@ -10,21 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vertumnus.core.types import Request, chain_block_hashes
+from tests.conftest import AZURE_CODE, AZURE_CONV, MOONCAKE, needs
+from vertumnus.core.keys import chain_block_hashes, chain_many
+from vertumnus.core.types import Request
 from vertumnus.sim.traces import (
     Trace,
     TraceError,
-    chain_many,
     load_azure,
     load_mooncake,
     load_trace,
     scale_rate,
 )
-
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
-MOONCAKE = TRACES / "mooncake" / "conversation_trace.jsonl"
-AZURE_CODE = TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv"
-AZURE_CONV = TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:
@@ -324,6 +320,7 @@ def test_scale_rate_property(arrivals: list[float], x: float) -> None:
 # ---------------------------------------------------------------- the real traces
 
 
+@needs(MOONCAKE)
 def test_real_mooncake_conversation_trace() -> None:
     tr = load_mooncake(MOONCAKE)
     assert len(tr) == 12031
@@ -341,7 +338,9 @@ def test_real_mooncake_conversation_trace() -> None:
     assert s["token_hit_rate"] == pytest.approx(0.3736, abs=1e-3)
 
 
-@pytest.mark.parametrize(("path", "n"), [(AZURE_CODE, 8819), (AZURE_CONV, 19366)])
+@pytest.mark.parametrize(
+    ("path", "n"), [pytest.param(AZURE_CODE, 8819, marks=needs(AZURE_CODE)), pytest.param(AZURE_CONV, 19366, marks=needs(AZURE_CONV))]
+)
 def test_real_azure_traces(path: Path, n: int) -> None:
     tr = load_azure(path)
     assert len(tr) == n

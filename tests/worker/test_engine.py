@@ -1,13 +1,16 @@
-"""The engine over real gloo process groups: exactness, regrouping, block copies, errors.
+"""The engine over real gloo process groups: exactness, regrouping, ids, epochs, copies, errors.
 
 One pool of 4 rank processes (float64, the seeded tiny model) is shared by
-the module and regrouped by the tests, as the operator would.
+the module and regrouped by the tests, as the operator would. Degree lists
+give the default ids (first ranks); explicit Slots give pool-level ids.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+
+from vertumnus.core.lattice import Slot
 from vertumnus.worker.blocks import block_keys
 from vertumnus.worker.engine import Engine, InvalidRequest, NotReady
 from vertumnus.worker.rank import RankSpec
@@ -26,10 +29,10 @@ def engine():
         yield e
 
 
-def regroup(engine: Engine, degrees: list[int]) -> float:
+def regroup(engine: Engine, grouping: list[int] | list[Slot]) -> float:
     for w in list(engine.workers):
         engine.drain(w)
-    return engine.switch_epoch(engine.epoch + 1, degrees)
+    return engine.switch_epoch(engine.epoch + 1, grouping).seconds
 
 
 def test_verify_degrees_1_2_4_with_unaligned_prefix_and_odd_batch():
@@ -62,8 +65,8 @@ def test_regroup_cp4_to_2xcp2_to_cp4_keeps_weights_and_prefixes(engine, tiny64):
     assert all(o.cached_tokens == 0 for o in before)
 
     split_s = regroup(engine, [2, 2])
-    assert [(s.first, s.degree) for s in engine.grouping()] == [(0, 2), (2, 2)]
-    _, served = engine.list_blocks(0)
+    assert engine.grouping() == [Slot(0, 2, 0, 0), Slot(2, 2, 0, 2)]  # default ids: first ranks
+    served = {b.key for b in engine.list_blocks(0).served}
     keys2 = block_keys(prompts[2], BLOCK)
     assert sorted(j for j, k in enumerate(keys2) if k in served) == [0, 1, 4, 5]  # positions 0, 1 mod 4
     # Under CP2 each child keeps the blocks its ranks held: ranks 0,1 own positions
@@ -82,6 +85,24 @@ def test_regroup_cp4_to_2xcp2_to_cp4_keeps_weights_and_prefixes(engine, tiny64):
     for o, p in zip(after, prompts, strict=True):
         assert (o.hidden - reference_hidden(tiny64, p)[63:]).abs().max().item() < 1e-9
     assert split_s < 5 and merge_s < 5
+
+
+def test_a_merge_reconciles_a_prefix_one_half_held_by_copying_between_its_own_ranks(engine, tiny64):
+    regroup(engine, [2, 2])
+    prompt = random_tokens(64, seed=901)  # a prompt of its own: the engine is shared
+    first = engine.prefill(2, "right-half", prompt)  # cached on ranks 2, 3 only
+    assert first.cached_tokens == 0
+    regroup(engine, [4])
+    keys = block_keys(prompt, BLOCK)
+    served = {b.key for b in engine.list_blocks(0).served}
+    # Under CP4 rank r owns positions r mod 4: ranks 2, 3 hold positions 0..7 for
+    # the CP2 geometry (their own 0, 1 mod 2), i.e. owners only for 2, 3 mod 4.
+    assert sorted(j for j, k in enumerate(keys) if k in served) == [2, 3, 6, 7]
+    report = engine.copy_blocks(0, 0, keys)  # source == destination: its own ranks
+    assert report.copied_blocks == 4 and report.skipped_blocks == 4
+    out = engine.prefill(0, "reconciled", prompt, return_hidden=True)
+    assert out.cached_tokens == 63 and out.first_token == first.first_token
+    assert (out.hidden - reference_hidden(tiny64, prompt)[63:]).abs().max().item() < 1e-9
 
 
 @pytest.mark.parametrize("path", [(2, 1, 1)], ids=["cp2-cp1"])
@@ -123,12 +144,10 @@ def test_bad_requests_are_refused_and_the_engine_keeps_serving(engine):
     lacking = block_keys(random_tokens(32, seed=400), BLOCK)
     with pytest.raises(NotReady, match="source worker 2 lacks 4 of the 4 requested blocks"):
         engine.copy_blocks(2, 0, lacking)
-    with pytest.raises(NotReady, match="no worker starts at rank 1"):
+    with pytest.raises(NotReady, match=r"no worker 1 in epoch \d+; workers: \[0: CP2 at rank 0, 2: CP2 at rank 2\]"):
         engine.prefill(1, "nobody", [1, 2])
-    with pytest.raises(NotReady, match="must be drained"):
+    with pytest.raises(NotReady, match=r"worker 0 \(CP2, ranks 0-1\), worker 2 \(CP2, ranks 2-3\) must be drained"):
         engine.switch_epoch(engine.epoch + 1, [4])
-    with pytest.raises(NotReady, match="not newer"):
-        engine.switch_epoch(engine.epoch, [2, 2])
     with pytest.raises(ValueError, match="cannot start at rank 1"):
         engine.switch_epoch(engine.epoch + 1, [1, 2, 1])
     engine.drain(2)
@@ -139,20 +158,38 @@ def test_bad_requests_are_refused_and_the_engine_keeps_serving(engine):
     assert engine.prefill(0, "fine", [1, 2, 3]).first_token >= 0
 
 
-def test_cache_events_report_stored_and_removed_blocks(engine):
-    regroup(engine, [4])
-    events = engine.subscribe()
-    try:
-        prompt = random_tokens(40, seed=500)
-        keys = block_keys(prompt, BLOCK)
-        engine.prefill(0, "ev", prompt)
-        stored = [events.get(timeout=5) for _ in range(4)]  # 5 blocks over 4 ranks
-        assert {e.kind for e in stored} == {"stored"} and {e.worker for e in stored} == {0}
-        by_rank = {e.rank: e for e in stored}
-        assert by_rank[0].block_keys == (keys[0], keys[4]) and by_rank[0].positions == (0, 4)
-        assert by_rank[3].block_keys == (keys[3],)
-        engine.evict_blocks(0, keys[4:])
-        removed = events.get(timeout=5)
-        assert (removed.kind, removed.block_keys, removed.rank) == ("removed", (keys[4],), 0)
-    finally:
-        engine.unsubscribe(events)
+def test_explicit_ids_are_the_workers_names_and_epochs_are_idempotent(engine):
+    regroup(engine, [2, 2])
+    prompt = random_tokens(33, seed=600)
+    first = engine.prefill(0, "before", prompt)
+    ids = [Slot(21, 2, 0, 2), Slot(20, 2, 0, 0)]  # same geometry, new pool-level ids
+    epoch = engine.epoch + 1
+    regroup(engine, ids)
+    assert engine.grouping() == [Slot(20, 2, 0, 0), Slot(21, 2, 0, 2)] and engine.epoch == epoch
+    assert engine.worker_at(0).slot.worker == 20 and engine.worker_at(1) is None
+    assert engine.worker_of(1).slot.worker == 20
+    out = engine.prefill(20, "after", prompt)
+    assert (out.worker, out.epoch, out.first_token) == (20, epoch, first.first_token)
+    assert out.cached_tokens == 32  # the blocks stayed on the ranks
+    with pytest.raises(NotReady, match="no worker 0 in epoch"):
+        engine.prefill(0, "old-id", prompt)
+
+    # a controller resuming after a restart commits the same epoch again: nothing changes
+    again = engine.switch_epoch(epoch, list(reversed(ids)))
+    assert again.unchanged and again.epoch == epoch and not engine.worker(20).draining
+    assert engine.prefill(21, "still", [1, 2, 3]).epoch == epoch
+    with pytest.raises(NotReady, match=rf"epoch {epoch - 1} is older than the current epoch {epoch}"):
+        engine.switch_epoch(epoch - 1, ids)
+    with pytest.raises(
+        NotReady,
+        match=rf"epoch {epoch} is already in force with grouping \[20: CP2 at rank 0, 21: CP2 at rank 2\]; "
+        r"grouping \[20: CP4 at rank 0\] needs a newer epoch",
+    ):
+        engine.switch_epoch(epoch, [Slot(20, 4, 0, 0)])
+
+    # a worker kept unchanged keeps serving while its neighbour regroups
+    engine.drain(21)
+    report = engine.switch_epoch(epoch + 1, [Slot(20, 2, 0, 0), Slot(22, 1, 0, 2), Slot(23, 1, 0, 3)])
+    assert not report.unchanged
+    assert engine.prefill(20, "kept", prompt).cached_tokens == 32
+    assert engine.prefill(22, "new", [4, 5, 6]).degree == 1

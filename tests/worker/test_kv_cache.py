@@ -1,9 +1,10 @@
-"""The per-rank paged KV cache: exact slots, LRU order, events."""
+"""The per-rank paged KV cache: exact slots, LRU order, parents, events."""
 
 from __future__ import annotations
 
 import torch
-from vertumnus.worker.blocks import block_keys, block_owner
+
+from vertumnus.worker.blocks import Block, block_keys, block_owner
 from vertumnus.worker.kv_cache import CacheEvent, PagedKVCache
 
 
@@ -12,8 +13,11 @@ def _cache(num_blocks=4):
 
 
 def _store(cache, keys, first_position=0):
+    """Store ``keys`` as one chain: each block's parent is the key before it."""
     slots = cache.reserve(len(keys))
-    cache.commit([(k, first_position + i, s) for i, (k, s) in enumerate(zip(keys, slots, strict=False))])
+    parents = [None if first_position == 0 else -1, *keys[:-1]]
+    blocks = [Block(k, first_position + i, p) for i, (k, p) in enumerate(zip(keys, parents, strict=True))]
+    cache.commit(list(zip(blocks, slots, strict=False)))
     return slots
 
 
@@ -25,11 +29,12 @@ def test_reserve_takes_free_slots_in_order_then_evicts_lru():
     assert _store(cache, [20, 21]) == [3, 2]  # one free slot, then evicts 12 (the tail)
     assert 12 not in cache and len(cache) == 4
     assert cache.drain_events() == [
-        CacheEvent("stored", (10, 11, 12), (0, 1, 2), 3),
-        CacheEvent("removed", (12,), (2,), 3),
-        CacheEvent("stored", (20, 21), (0, 1), 3),
+        CacheEvent("stored", (10, 11, 12), (0, 1, 2), (None, 10, 11), 3),
+        CacheEvent("removed", (12,), (2,), (11,), 3),
+        CacheEvent("stored", (20, 21), (0, 1), (None, 20), 3),
     ]
     assert cache.drain_events() == []
+    assert sorted(cache.blocks()) == [Block(10, 0, None), Block(11, 1, 10), Block(20, 0, None), Block(21, 1, 20)]
 
 
 def test_protected_blocks_are_not_evicted():
@@ -43,11 +48,21 @@ def test_protected_blocks_are_not_evicted():
 def test_insert_read_evict_round_trip():
     cache = _cache()
     data = torch.arange(2 * 8, dtype=torch.float64).reshape(2, 1, 2, 2, 1, 2)
-    assert cache.insert([5, 6], [0, 1], data) == 2
+    assert cache.insert([Block(5, 0, None), Block(6, 1, 5)], data) == 2
     assert torch.equal(cache.read([5, 6]), data)
-    assert cache.insert([5], [0], data[:1]) == 0  # already present
+    assert cache.insert([Block(5, 0, None)], data[:1]) == 0  # already present
     assert cache.evict([6, 99]) == [6]
     assert cache.keys() == [5]
+    assert cache.drain_events()[-1] == CacheEvent("removed", (6,), (1,), (5,), 3)
+
+
+def test_clear_frees_every_slot_with_one_event():
+    cache = _cache()
+    _store(cache, [1, 2, 3])
+    cache.drain_events()
+    assert cache.clear() == 3 and len(cache) == 0
+    assert cache.drain_events() == [CacheEvent("cleared", (), (), (), 3)]
+    assert sorted(_store(cache, [7, 8, 9, 10])) == [0, 1, 2, 3]  # all four slots are free again
 
 
 def test_block_keys_chain_and_skip_partial_tail():

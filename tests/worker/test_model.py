@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+
 from vertumnus.worker.config import ModelConfig
 from vertumnus.worker.kv_cache import PagedKVCache
 from vertumnus.worker.model import Model

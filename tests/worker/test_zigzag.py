@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from vertumnus.worker.reference import reference_hidden
 from vertumnus.worker.zigzag import ZigzagLayout, local_attention
 

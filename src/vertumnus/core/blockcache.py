@@ -11,8 +11,9 @@ touch every ancestor is more recent than its descendants, so the LRU end of
 the order always holds a leaf, and plain LRU evicts leaves only.
 
 The cache does no I/O. Every change is returned as a :class:`CacheDelta`
-(blocks stored with their parent, blocks removed) — the same shape as the KV
-events real engines publish — for a shell to feed into the global trie.
+(blocks stored with their position and parent, blocks removed) — the same
+shape as the KV events real engines publish — for a shell to feed into the
+global prefix index (:mod:`vertumnus.core.store`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from dataclasses import dataclass, field
 
 @dataclass(slots=True)
 class CacheDelta:
-    stored: list[tuple[int, int | None]] = field(default_factory=list)
-    """(block key, parent key or None for a first block), parents before children."""
+    stored: list[tuple[int, int, int | None]] = field(default_factory=list)
+    """Blocks stored, as :class:`~vertumnus.core.store.StoredBlock` fields (key,
+    position, parent key or None for a first block; plain tuples, which are
+    cheaper to build), parents before children."""
     removed: list[int] = field(default_factory=list)
     """Block keys evicted or deleted, children before parents."""
 
@@ -53,6 +56,28 @@ class BlockCache:
 
     def keys_lru_first(self) -> list[int]:
         return list(self._lru)
+
+    def prefixes(self) -> list[tuple[int, ...]]:
+        """The cached prefixes as root→leaf key paths, least recently used first.
+
+        A block is a leaf when no other cached block has it as parent; its
+        ancestors are all cached (a path is never stranded, see the module
+        docstring), so each path walks up to a first block.
+        """
+        lru = self._lru
+        has_child = {p for p in lru.values() if p is not None}
+        out = []
+        for key in lru:
+            if key in has_child:
+                continue
+            path = [key]
+            parent = lru[key]
+            while parent is not None:
+                path.append(parent)
+                parent = lru[parent]
+            path.reverse()
+            out.append(tuple(path))
+        return out
 
     def match(self, keys: Sequence[int]) -> int:
         """Number of leading ``keys`` cached here (no LRU update)."""
@@ -85,7 +110,7 @@ class BlockCache:
         for i in range(present, n):
             parent = keys[i - 1] if i > 0 else None
             lru[keys[i]] = parent
-            delta.stored.append((keys[i], parent))
+            delta.stored.append((keys[i], i, parent))
         self.touch(keys, n)
         while len(lru) > self.capacity:
             key, _ = lru.popitem(last=False)

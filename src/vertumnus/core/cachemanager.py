@@ -1,24 +1,27 @@
 """The global prefix-cache manager (design.md section 6): a planner, no I/O.
 
 Workers cache prefixes locally (:mod:`vertumnus.core.blockcache`); the global
-:class:`~vertumnus.core.trie.PrefixTrie` says who holds what. This module
-decides, from how requests actually use those prefixes, where to **copy** a
-prefix (so more placement choices keep their cache hit) and which redundant
-copies to **reclaim**. It never moves a byte: :meth:`CacheManager.scan`
-returns a :class:`ScanPlan`, a shell carries it out (``vertumnus.sim.cachesim``
-in the simulator) and reports back with :meth:`CacheManager.copy_finished` /
+prefix index, a :class:`~vertumnus.core.store.TrieStore`, says who holds
+what. This module decides, from how requests actually use those prefixes,
+where to **copy** a prefix (so more placement choices keep their cache hit)
+and which redundant copies to **reclaim**. It never moves a byte:
+:meth:`CacheManager.scan` returns a :class:`ScanPlan`, a shell carries it out
+and reports back with :meth:`CacheManager.copy_finished` /
 :meth:`CacheManager.reclaim_finished`. This is the planner/executor split of
 ``docs/style.md``.
 
-Vocabulary, per trie node z (one block; the root→z path is the prefix):
+Vocabulary, per block z of the index (the root→z path is the prefix):
 
 - ``ReplicaCount(z, C)``: degree-C workers among z's holders.
 - ``access[z, C]``: decaying count of requests at degree-C workers that reused z.
 - ``missed[z, C]``: decaying sum of predicted service seconds lost by requests
   that *preferred* degree C (C_pref, design.md section 3) while no degree-C
-  worker held z. Each node carries only the **marginal** benefit of its own
+  worker held z. Each block carries only the **marginal** benefit of its own
   block (reuse ending at z versus at its parent), so a long prefix is not
   counted once per ancestor.
+
+Counters belong to one incarnation of a block (its key and generation): a
+block that leaves the index and comes back starts from zero.
 
 Per request (:meth:`CacheManager.observe_request`): ``access`` on the reused
 path at the chosen worker, ``missed`` on the part of the matched path that no
@@ -39,22 +42,24 @@ Per scan (:meth:`CacheManager.scan`), for every tracked (z, C), r = ReplicaCount
 
 
 **Why the scan is cheap** (``bench/cache_scan.py``: < 50 ms with 200,000
-live nodes). The scan visits only the *tracked* nodes — those whose counters
-are still above ``counter_floor`` — and forgets the rest, so its cost follows
-recent traffic, not the trie size. A node that dropped out has counters that
-are negligible against every threshold, so it could only have been a
-reclamation candidate; such cold replicas are left to the workers' own LRU
-eviction, which removes exactly those first.
+live blocks). The scan visits only the *tracked* blocks — those whose
+counters are still above ``counter_floor`` — and forgets the rest, so its
+cost follows recent traffic, not the index size. A block that dropped out
+has counters that are negligible against every threshold, so it could only
+have been a reclamation candidate; such cold replicas are left to the
+workers' own LRU eviction, which removes exactly those first.
 
 The work is split by job:
 
+- :mod:`vertumnus.core.cachesettings`: the settings, shared by the others;
 - :mod:`vertumnus.core.cachecounters`: the counters (a table read with
-  NumPy; lazy decay of untracked nodes; the trie's removal log);
+  NumPy; lazy decay of untracked blocks; following the store's change
+  cursor);
 - :mod:`vertumnus.core.cacheranking`: the three ranked lists, computed only
   as far as the selection reads them (exactly the head a full sort gives,
   ``tests/cachemanager/test_scan_reference.py``);
-- this module: settings, requests, the selection of bounded operations and
-  the bookkeeping of operations in flight.
+- this module: requests, the selection of bounded operations and the
+  bookkeeping of operations in flight.
 
 **Safety rules the plan obeys.**
 
@@ -64,9 +69,10 @@ The work is split by job:
   min(C_src, C_dst))`` — every rank of the narrower side moves its share in
   parallel, and an inter-degree copy is re-partitioned for the destination
   geometry on the way.
-- A copy is not a holder until the shell reports it installed (the trie only
-  learns of it from the destination's cache events), so placement never counts
-  on a replica still in flight. One copy per (z, C) is in flight at a time.
+- A copy is not a holder until the shell reports it installed (the index only
+  learns of it from the destination's cache events), so placement never
+  counts on a replica still in flight. One copy per (z, C) is in flight at a
+  time.
 - A reclamation removes one block z at one worker, and only when that worker
   holds no child of z (removing z would strand every retained descendant,
   since block keys are chained) and no queued or running request placed there
@@ -79,21 +85,25 @@ The work is split by job:
   arrived in between.
 
 Everything here is a pure function of explicit state: no clock, no I/O, no
-module-level state.
+module-level state. The index is read only through the
+:class:`~vertumnus.core.store.TrieStore` protocol; the block records it
+returns are kept for one scan or one request at most.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import Literal
 
-from vertumnus.core.cachecounters import CounterTable, NodeStats, TrackedNodes
-from vertumnus.core.cacheranking import Candidate, Ranking
+from vertumnus.core.cachecounters import CounterTable, TrackedBlock, TrackedBlocks
+from vertumnus.core.cacheranking import Candidate, RankedLists, Ranking
+from vertumnus.core.cachesettings import CacheManagerSettings
 from vertumnus.core.costmodel import PrefillModel
+from vertumnus.core.decision import RouteDecision
 from vertumnus.core.placement import WorkerState
 from vertumnus.core.policies.base import PoolView
-from vertumnus.core.trie import PrefixTrie, TrieNode
+from vertumnus.core.store import BlockInfo, TrieStore
 from vertumnus.core.types import Request, cached_tokens
 
 __all__ = [
@@ -102,116 +112,18 @@ __all__ = [
     "CacheView",
     "Candidate",
     "Copy",
-    "NodeStats",
+    "RankedLists",
     "Reclaim",
     "ScanPlan",
+    "TrackedBlock",
     "marginal_benefits",
     "replica_count",
 ]
 
+CacheView = PoolView
+"""What the manager reads: a policy's view of the pool (workers, model, block
+size and the prefix index, ``store``)."""
 
-@dataclass(frozen=True)
-class CacheManagerSettings:
-    """Thresholds, bounds and the transfer model of the cache manager.
-
-    Units: ``access`` counts reuse events, ``missed`` sums predicted seconds.
-    Both are summed over scans with geometric ``decay``, so a steady rate of
-    x events per scan interval settles at x / (1 − decay). Defaults and how
-    they were chosen: ``docs/benchmarks/cachemanager.md``.
-    """
-
-    scan_interval_s: float = 1.0
-    """Seconds between scans (used by the shell; the thresholds assume it)."""
-    decay: float = 0.8
-    """Factor every counter is multiplied by after each scan, in (0, 1). With
-    1 s scans, 0.8 remembers about the last 5 s (1 / (1 − decay) intervals)."""
-    theta_inter: float = 0.03
-    """θ_inter, seconds of predicted prefill lost per block. A 512-token block
-    saves ≈ 6-7 ms of CP4/CP8 prefill, so 0.03 s within a ~5 s memory is
-    about one preferring request per second missing that block."""
-    theta_intra: float = 5.0
-    """θ_intra: decayed reuses per existing replica above which one more
-    same-degree copy is made. 5 at decay 0.8 and 1 s scans is ≈ 1 reuse/s per
-    replica: at ≈ 0.2 s per prefill, that prefix alone keeps its holder ~20 %
-    busy, the point where queueing behind it starts to cost its reusers."""
-    theta_reclaim: float = 1.0
-    """θ_reclaim: decayed reuses per replica below which a replica is reclaimed
-    (≈ 0.2 reuse/s). Must be below θ_intra so a prefix does not flap between
-    copy and reclaim; a factor 5 apart."""
-    max_inter_per_scan: int = 8
-    """Inter-degree copies started per scan at most."""
-    max_intra_per_scan: int = 8
-    """Intra-degree copies started per scan at most."""
-    max_reclaim_per_scan: int = 8
-    """Blocks reclaimed per scan at most."""
-    reclaim_for_room_only: bool = True
-    """Reclaim only at workers that copies in flight will fill beyond their
-    free space, and only as many blocks as those copies need: reclamation
-    "recovers cache capacity for prefixes with greater demand". Our worker
-    caches are LRU and always full, so without this (False: the paper's rule
-    read literally) cold replicas are deleted even when nothing needs their
-    room, which only loses later hits LRU would have kept."""
-    reclaim_ranked_per_scan: int = 256
-    """Reclamation candidates ranked per scan (the head of the list; the
-    executed ones are fewer, ``max_reclaim_per_scan``, after skipping replicas
-    in use or with retained descendants)."""
-    tie_tolerance: float = 0.1
-    """Intra ranking: access/r values within this relative band (geometric
-    buckets of width 1 + tolerance) are near-ties, ordered by copy footprint.
-    0: by access/r alone, highest first."""
-    max_copy_fraction: float = 0.1
-    """A destination qualifies only if the copy needs at most this fraction of
-    its cache capacity ("enough capacity"): one copy must not flush a cache."""
-    counter_floor: float = 0.05
-    """A node stops being tracked (and its counters count as zero) once every
-    ``access`` is below counter_floor·θ_intra and every ``missed`` below
-    counter_floor·θ_inter: it would need 1/counter_floor times the demand it
-    has left to become a replication candidate. Bounds the scan's work."""
-    reclaim_min_replicas: int = 2
-    """Reclamation considers (z, C) only when ReplicaCount(z, C) is at least
-    this. 2 (default) thins redundant same-degree replicas only; 1 also
-    removes a degree's only copy, which mostly duplicates what LRU eviction
-    does anyway, at the risk of a later miss."""
-    kv_bytes_per_token: int = 98304
-    """KV bytes per token over all layers (Qwen3-30B-A3B: 48 layers × 4 KV
-    heads × 128 × 2 (K, V) × 2 B = 96 KiB)."""
-    link_bandwidth_bytes_per_s: float = 50e9
-    """Per-rank bandwidth of a copy between workers (one 400 Gb/s RDMA NIC per
-    GPU). A copy uses min(C_src, C_dst) ranks in parallel."""
-    transfer_latency_s: float = 0.002
-    """Fixed setup time of one copy (connection, install report)."""
-    reclaim_delay_s: float = 0.001
-    """Time for a worker to delete blocks and confirm (used by the shell)."""
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.decay < 1.0:
-            raise ValueError(f"decay must be in (0, 1), got {self.decay}")
-        if self.scan_interval_s <= 0:
-            raise ValueError(f"scan interval must be > 0, got {self.scan_interval_s}")
-        if min(self.theta_inter, self.theta_intra, self.theta_reclaim) < 0:
-            raise ValueError("thresholds must be >= 0")
-        if not self.theta_reclaim < self.theta_intra:
-            raise ValueError(
-                f"theta_reclaim ({self.theta_reclaim}) must be below theta_intra "
-                f"({self.theta_intra}) or replicas flap between copy and reclaim"
-            )
-        if self.reclaim_min_replicas < 1:
-            raise ValueError("reclaim_min_replicas must be >= 1")
-        if min(self.max_inter_per_scan, self.max_intra_per_scan, self.max_reclaim_per_scan) < 0:
-            raise ValueError("per-scan bounds must be >= 0")
-        if self.tie_tolerance < 0 or not 0 < self.max_copy_fraction <= 1:
-            raise ValueError("tie_tolerance must be >= 0 and max_copy_fraction in (0, 1]")
-        if self.link_bandwidth_bytes_per_s <= 0 or self.kv_bytes_per_token <= 0:
-            raise ValueError("bandwidth and KV bytes per token must be > 0")
-        if self.transfer_latency_s < 0 or self.reclaim_delay_s < 0 or self.counter_floor < 0:
-            raise ValueError("latencies and the counter floor must be >= 0")
-
-
-class CacheView(PoolView, Protocol):
-    """What the manager reads: a policy's view of the pool, plus the trie."""
-
-    @property
-    def trie(self) -> PrefixTrie: ...
 
 @dataclass(frozen=True, slots=True)
 class Copy:
@@ -249,14 +161,15 @@ class ScanPlan:
     copies: list[Copy] = field(default_factory=list)
     reclaims: list[Reclaim] = field(default_factory=list)
     tracked_nodes: int = 0
+    """Blocks tracked after the scan (counters above the floor)."""
 
     def __bool__(self) -> bool:
         return bool(self.copies or self.reclaims)
 
 
-def replica_count(node: TrieNode, degree: int, degree_of: Mapping[int, int]) -> int:
-    """ReplicaCount(z, C): holders of z that are degree-C workers in ``degree_of``."""
-    return sum(1 for h in node.holders if degree_of.get(h) == degree)
+def replica_count(holders: Iterable[int], degree: int, degree_of: Mapping[int, int]) -> int:
+    """ReplicaCount(z, C): the ``holders`` of z that are degree-C workers in ``degree_of``."""
+    return sum(1 for h in holders if degree_of.get(h) == degree)
 
 
 def marginal_benefits(
@@ -279,18 +192,72 @@ def marginal_benefits(
     return out
 
 
+class _Pool:
+    """The pool as one selection sees it: available workers and the index."""
+
+    __slots__ = ("by_id", "by_degree", "store", "_settings", "_block_bytes")
+
+    def __init__(self, view: CacheView, settings: CacheManagerSettings) -> None:
+        workers = [w for w in view.workers if w.available]
+        self.by_id = {w.id: w for w in workers}
+        self.by_degree: dict[int, list[WorkerState]] = {}
+        for w in workers:
+            self.by_degree.setdefault(w.degree, []).append(w)
+        self.store: TrieStore = view.store
+        self._settings = settings
+        self._block_bytes = view.block_size * settings.kv_bytes_per_token
+
+    def transfer_s(self, missing: int, src: WorkerState, dst: WorkerState) -> float:
+        """Modeled time of a copy of ``missing`` blocks from ``src`` to ``dst``."""
+        s = self._settings
+        bw = s.link_bandwidth_bytes_per_s * min(src.degree, dst.degree)
+        return s.transfer_latency_s + missing * self._block_bytes / bw
+
+    def path(self, block: BlockInfo) -> list[BlockInfo]:
+        """The root→z path of ``block``, root first, by its ``parent`` keys."""
+        out = []
+        n: BlockInfo | None = block
+        while n is not None:
+            out.append(n)
+            n = self.store.block(n.parent)
+        out.reverse()
+        return out
+
+
 class CacheManager:
     """Counters, pins and in-flight operations of the global prefix-cache manager.
 
-    The shell calls :meth:`observe_request` after each placement,
-    :meth:`request_done` when a request finishes, :meth:`scan` every
-    ``scan_interval_s``, and :meth:`copy_finished` / :meth:`reclaim_finished`
-    when a worker reports an operation done.
+    The routing core calls :meth:`observe_request` after each placement,
+    :meth:`request_done` when a request finished or left its worker and
+    :meth:`workers_removed` when workers leave the pool; the shell calls
+    :meth:`scan` every ``scan_interval_s`` and :meth:`copy_finished` /
+    :meth:`reclaim_finished` when a worker reports an operation done.
+
+    ``store`` is the prefix index the manager serves; without it, the first
+    view the manager sees sets it (a view over another store later drops
+    every counter kept so far). :meth:`record` and :meth:`counters` name
+    blocks by key in that store. ``first_batch`` is a test and tuning knob of
+    the ranking (:class:`~vertumnus.core.cacheranking.Ranking`): the first
+    batch size of every candidate list instead of the ones derived from the
+    per-scan bounds; the plans are the same whatever it is.
     """
-    def __init__(self, settings: CacheManagerSettings | None = None) -> None:
+
+    def __init__(
+        self,
+        settings: CacheManagerSettings | None = None,
+        *,
+        store: TrieStore | None = None,
+        first_batch: int | None = None,
+    ) -> None:
+        if first_batch is not None and first_batch < 1:
+            raise ValueError(f"first_batch must be >= 1, got {first_batch}")
         self.settings = settings or CacheManagerSettings()
+        self._first_batch = first_batch
         self._counters = CounterTable(self.settings.decay)
+        if store is not None:
+            self._counters.follow(store)
         self._pins: dict[tuple[int, int], int] = {}
+        """Requests reusing each (worker, key), queued or running."""
         self._pins_by_request: dict[int, tuple[int, tuple[int, ...]]] = {}
         self._copying: dict[tuple[int, int], Copy] = {}
         """In-flight copies by (key, degree)."""
@@ -315,7 +282,6 @@ class CacheManager:
             "reclaims_aborted": 0,
         }
 
-
     @property
     def epoch(self) -> int:
         """Scans completed; counters decay once per epoch."""
@@ -326,60 +292,77 @@ class CacheManager:
         self._counters.epoch = value
 
     @property
-    def tracked(self) -> Mapping[int, TrieNode]:
-        """Nodes whose counters may be above the floor, by block key."""
-        return TrackedNodes(self._counters)
+    def tracked(self) -> Mapping[int, TrackedBlock]:
+        """Blocks whose counters may be above the floor, by key, each with its
+        generation, depth and counters as of now (read-only)."""
+        return TrackedBlocks(self._counters)
+
+    @property
+    def covered(self) -> Set[tuple[int, int]]:
+        """(key, degree) of every block on the path of a copy in flight (read-only)."""
+        return self._covered.keys()
+
+    @property
+    def copy_destinations(self) -> Set[tuple[int, int]]:
+        """(key, destination worker) of every copy in flight."""
+        return frozenset(self._copy_dest)
+
+    @property
+    def copies_in_flight(self) -> list[Copy]:
+        return list(self._copying.values())
+
+    @property
+    def reclaims_in_flight(self) -> list[Reclaim]:
+        return list(self._reclaiming.values())
 
     # -- counters ---------------------------------------------------------------
 
-    def record(self, node: TrieNode, degree: int, access: float = 0.0, missed: float = 0.0) -> None:
-        """Add ``access`` to access[z, C] and ``missed`` to missed[z, C] (z = ``node``)."""
-        self._counters.record(node, degree, access, missed)
+    def record(self, key: int, degree: int, access: float = 0.0, missed: float = 0.0) -> None:
+        """Add ``access`` to access[z, C] and ``missed`` to missed[z, C], z the
+        block ``key`` of the store served (KeyError if it is not there)."""
+        self._counters.record(key, degree, access, missed)
 
-    def counters(self, node: TrieNode) -> tuple[dict[int, float], dict[int, float]]:
-        """(access, missed) of ``node`` per degree as of now (for tests and tools)."""
-        return self._counters.counters(node)
+    def counters(self, key: int) -> tuple[dict[int, float], dict[int, float]]:
+        """(access, missed) per degree as of now of the block ``key`` (for tests
+        and tools; empty for a block never counted or not in the index)."""
+        return self._counters.counters(key)
 
-    def observe_request(
-        self,
-        request: Request,
-        worker: int,
-        preferred_degree: int,
-        view: CacheView,
-        path: Sequence[TrieNode] | None = None,
-    ) -> None:
+    # -- requests ---------------------------------------------------------------
+
+    def observe_request(self, request: Request, decision: RouteDecision, view: CacheView) -> None:
         """Fold one placement into the counters and pin its reused path.
 
-        ``path`` is MatchedPath(i) (computed from the trie if not given);
-        ``worker`` the chosen worker; ``preferred_degree`` C_pref(i), 0 if unknown.
+        MatchedPath(i) is read from ``view.store``; ``decision.worker`` is the
+        chosen worker, ``decision.preferred_degree`` C_pref(i) (0: unknown,
+        nothing is missed).
         """
-        trie = view.trie
-        self._counters.follow(trie)
-        if path is None:
-            path = trie.match(request.block_keys)
+        store = view.store
+        self._counters.follow(store)
+        path = store.path(request.block_keys)
+        worker, preferred_degree = decision.worker, decision.preferred_degree
         degree_of = {w.id: w.degree for w in view.workers}
         degree_w = degree_of.get(worker, 0)
-        # ReusedPath(i, w): holders of a node hold every ancestor, so the
-        # reused part is a prefix of the matched path.
+        # ReusedPath(i, w): the matched path down to the deepest block the
+        # worker holds; it ends at the first block nobody holds.
         reused = 0
         pref_depth = 0
-        for node in path:
-            holders = node.holders
+        for block in path:
+            holders = block.holders
             if not holders:
                 break
             if worker in holders:
-                reused = node.depth
+                reused = block.depth
             if preferred_degree and any(degree_of.get(h) == preferred_degree for h in holders):
-                pref_depth = node.depth
+                pref_depth = block.depth
         if reused:
             self._counters.add_path(path[:reused], degree_w, None, missed=False)
         if preferred_degree and pref_depth < len(path):
-            # Nodes deeper than pref_depth have ReplicaCount(z, C_pref) = 0.
+            # Blocks deeper than pref_depth have ReplicaCount(z, C_pref) = 0.
             benefits = marginal_benefits(
                 view.model, preferred_degree, request.length, view.block_size, pref_depth, len(path)
             )
             self._counters.add_path(path[pref_depth:], preferred_degree, benefits, missed=True)
-        self._pin(request.id, worker, tuple(n.key for n in path[:reused]))
+        self._pin(request.id, worker, tuple(b.key for b in path[:reused]))
 
     def _pin(self, request_id: int, worker: int, keys: tuple[int, ...]) -> None:
         # A re-placed request (drain) moves its pins to the new worker.
@@ -405,6 +388,11 @@ class CacheManager:
             else:
                 del pins[(worker, k)]
 
+    @property
+    def pinned(self) -> int:
+        """(worker, block) pairs that queued or running requests reuse now."""
+        return len(self._pins)
+
     def in_use(self, worker: int, key: int) -> bool:
         """A queued or running request placed at ``worker`` reuses block ``key``."""
         return (worker, key) in self._pins
@@ -419,11 +407,10 @@ class CacheManager:
         first ``reclaim_ranked_per_scan``; :meth:`candidates` gives the full lists.
         """
         s, table = self.settings, self._counters
-        table.follow(view.trie, drain=True)
+        table.follow(view.store, drain=True)
         ranking = self._ranking(view)
-        plan = ScanPlan(epoch=self.epoch)
-        self._select(plan, view, ranking)
-        # A node stays tracked while some counter, after this scan's decay, is
+        plan = self.select(view, ranking)
+        # A block stays tracked while some counter, after this scan's decay, is
         # still above counter_floor times the threshold it could cross.
         table.end_scan(
             keep_access=s.counter_floor * s.theta_intra / s.decay,
@@ -437,7 +424,7 @@ class CacheManager:
     def candidates(self, view: CacheView) -> ScanPlan:
         """The three ranked candidate lists for the current counters, without
         selecting operations or decaying (for inspection and tests)."""
-        self._counters.follow(view.trie)
+        self._counters.follow(view.store)
         ranking = self._ranking(view)
         return ScanPlan(
             epoch=self.epoch,
@@ -448,172 +435,252 @@ class CacheManager:
         )
 
     def _ranking(self, view: CacheView) -> Ranking:
-        return Ranking(self._counters, self.settings, view, self._covered, self._copy_dest)
+        return Ranking(
+            self._counters,
+            self.settings,
+            view.workers,
+            view.store,
+            self._covered,
+            self._copy_dest,
+            first_batch=self._first_batch,
+        )
+
+    # -- selection -----------------------------------------------------------------
+
+    def select(self, view: CacheView, ranked: RankedLists) -> ScanPlan:
+        """Choose this scan's bounded operations from ``ranked`` and start them
+        (they are in flight from now on); no counter changes.
+
+        :meth:`scan` runs it on its own :class:`Ranking`; any lists in rank
+        order will do (the tests drive it with a naive full sort). In order:
+        inter-degree copies, then intra-degree ones (each read from its list
+        until ``max_*_per_scan`` copies started), then reclamations.
+        """
+        s = self.settings
+        plan = ScanPlan(epoch=self.epoch)
+        pool = _Pool(view, s)
+        self._replicate(plan, pool, ranked.inter, plan.inter, s.max_inter_per_scan)
+        self._replicate(plan, pool, ranked.intra, plan.intra, s.max_intra_per_scan)
+        plan.reclaim = ranked.reclaim_head()
+        self._reclaim(plan, pool)
+        return plan
+
+    def _replicate(
+        self,
+        plan: ScanPlan,
+        pool: _Pool,
+        stream: Iterator[Candidate],
+        ranked: list[Candidate],
+        bound: int,
+    ) -> None:
+        """Start up to ``bound`` copies from one replication list, reading it
+        only as far as needed (the rest is never computed); every candidate
+        read goes to ``ranked``. A candidate on the path of a copy chosen
+        before needs none; one deeper on the path of a copy chosen in this
+        scan extends that copy (:meth:`_extend_copy`)."""
+        started = 0
+        while started < bound:
+            cand = next(stream, None)
+            if cand is None:
+                break
+            ranked.append(cand)
+            block = pool.store.block(cand.key)
+            if block is None or (cand.key, cand.degree) in self._covered:
+                continue
+            path = pool.path(block)
+            keys = tuple(b.key for b in path)
+            if self._extend_copy(plan, pool, cand, path, keys):
+                continue
+            op = self._new_copy(pool, cand, path, keys)
+            if op is None:
+                continue
+            plan.copies.append(op)
+            self._track_copy(op)
+            self.counts[f"{cand.kind}_started"] += 1
+            started += 1
+
+    def _extend_copy(
+        self,
+        plan: ScanPlan,
+        pool: _Pool,
+        cand: Candidate,
+        path: Sequence[BlockInfo],
+        keys: tuple[int, ...],
+    ) -> bool:
+        """Extend the first copy of this scan at the candidate's degree whose
+        prefix is on the candidate's path to the candidate (its source still
+        holds z and the destination has room for the longer copy). False: no
+        such copy, or it cannot take the extension."""
+        block = path[-1]
+        depth_of = {b.key: b.depth for b in path}
+        for i, op in enumerate(plan.copies):
+            if op.degree != cand.degree or op.key not in depth_of:
+                continue
+            dst = pool.by_id[op.destination]
+            src = pool.by_id[op.source]
+            if src.id not in block.holders:
+                return False
+            missing = op.missing_blocks + (block.depth - depth_of[op.key])
+            if missing > self.settings.max_copy_fraction * dst.cache_capacity_blocks:
+                return False
+            new = replace(
+                op,
+                key=cand.key,
+                keys=keys,
+                missing_blocks=missing,
+                transfer_s=pool.transfer_s(missing, src, dst),
+            )
+            plan.copies[i] = new
+            self._untrack_copy(op)
+            self._track_copy(new)
+            return True
+        return False
+
+    def _new_copy(
+        self, pool: _Pool, cand: Candidate, path: Sequence[BlockInfo], keys: tuple[int, ...]
+    ) -> Copy | None:
+        """A copy for ``cand``: to the degree-C worker without z that lacks the
+        fewest blocks of the path (and has room for them: at most
+        ``max_copy_fraction`` of its cache), then the lightest load; from the
+        lightest loaded holder (intra: a same-degree one). None: no
+        destination or no source."""
+        block = path[-1]
+        dests = self._destinations(block, path, pool.by_degree.get(cand.degree, []))
+        if not dests:
+            return None
+        dst, missing = min(dests, key=lambda x: (x[1], x[0].outstanding_s, x[0].id))
+        by_id = pool.by_id
+        if cand.kind == "intra":
+            sources = [
+                by_id[h] for h in block.holders if h in by_id and by_id[h].degree == cand.degree
+            ]
+        else:
+            sources = [by_id[h] for h in block.holders if h in by_id]
+        if not sources:
+            return None
+        src = min(sources, key=lambda w: (w.outstanding_s, w.id))
+        return Copy(
+            "intra" if cand.kind == "intra" else "inter",
+            cand.key,
+            cand.degree,
+            src.id,
+            dst.id,
+            keys,
+            missing,
+            pool.transfer_s(missing, src, dst),
+        )
 
     def _destinations(
-        self, node: TrieNode, peers: Sequence[WorkerState], max_fraction: float
+        self, block: BlockInfo, path: Sequence[BlockInfo], peers: Sequence[WorkerState]
     ) -> list[tuple[WorkerState, int]]:
-        """Feasible destinations for a copy of ``node`` and the blocks each lacks."""
+        """Feasible destinations among ``peers`` for a copy of ``block`` (its
+        root→z ``path``) and the blocks each lacks."""
         out = []
-        retained = _retained_depths(node)
+        retained = _retained_depths(path)
+        max_fraction = self.settings.max_copy_fraction
         for w in peers:
-            if w.id in node.holders or (node.key, w.id) in self._copy_dest:
+            if w.id in block.holders or (block.key, w.id) in self._copy_dest:
                 continue
-            missing = node.depth - retained.get(w.id, 0)
+            missing = block.depth - retained.get(w.id, 0)
             if missing <= max_fraction * w.cache_capacity_blocks:
                 out.append((w, missing))
         return out
 
-    def _select(self, plan: ScanPlan, view: CacheView, ranking: Ranking) -> None:
+    def _reclaim(self, plan: ScanPlan, pool: _Pool) -> None:
+        """Start up to ``max_reclaim_per_scan`` reclamations from ``plan.reclaim``,
+        in rank order: per candidate, one victim among its holders
+        (:meth:`_reclaim_victim`) while ReplicaCount(z, C), less what this
+        scan already reclaims of it, is at least ``reclaim_min_replicas``.
+        With ``reclaim_for_room_only``, only at workers that copies in
+        flight will fill beyond their free space, one block per block they
+        need (:meth:`_room_needed`)."""
         s = self.settings
-        workers = [w for w in view.workers if w.available]
-        by_id = {w.id: w for w in workers}
-        by_degree: dict[int, list[WorkerState]] = {}
-        for w in workers:
-            by_degree.setdefault(w.degree, []).append(w)
-        nodes = view.trie.nodes
-        block_bytes = view.block_size * s.kv_bytes_per_token
-
-        def transfer_s(missing: int, src: WorkerState, dst: WorkerState) -> float:
-            bw = s.link_bandwidth_bytes_per_s * min(src.degree, dst.degree)
-            return s.transfer_latency_s + missing * block_bytes / bw
-
-        for stream, ranked, bound in (
-            (ranking.inter, plan.inter, s.max_inter_per_scan),
-            (ranking.intra, plan.intra, s.max_intra_per_scan),
-        ):
-            started = 0
-            # Read the ranking only as far as needed: the rest is never computed.
-            while started < bound:
-                cand = next(stream, None)
-                if cand is None:
-                    break
-                ranked.append(cand)
-                node = nodes[cand.key]
-                if (cand.key, cand.degree) in self._covered:
-                    continue  # on the path of a copy chosen earlier in this scan
-                path = _path(node)
-                path_keys = tuple(n.key for n in path)
-                key_set = set(path_keys)
-                # A deeper candidate on a path already being copied in this scan
-                # extends that copy instead of starting another.
-                merged = False
-                for i, op in enumerate(plan.copies):
-                    if op.degree == cand.degree and op.key in key_set:
-                        dst = by_id[op.destination]
-                        src = by_id[op.source]
-                        if cand.key not in nodes or src.id not in node.holders:
-                            break
-                        missing = op.missing_blocks + (node.depth - nodes[op.key].depth)
-                        if missing > s.max_copy_fraction * dst.cache_capacity_blocks:
-                            break
-                        # the same copy, extended to the deeper candidate
-                        new = replace(
-                            op,
-                            key=cand.key,
-                            keys=path_keys,
-                            missing_blocks=missing,
-                            transfer_s=transfer_s(missing, src, dst),
-                        )
-                        plan.copies[i] = new
-                        self._untrack_copy(op)
-                        self._track_copy(new)
-                        merged = True
-                        break
-                if merged:
-                    continue
-                dests = self._destinations(
-                    node, by_degree.get(cand.degree, []), s.max_copy_fraction
-                )
-                if not dests:
-                    continue
-                # Longest retained ancestor path first, then the lightest load.
-                dst, missing = min(dests, key=lambda x: (x[1], x[0].outstanding_s, x[0].id))
-                if cand.kind == "intra":
-                    sources = [
-                        by_id[h]
-                        for h in node.holders
-                        if h in by_id and by_id[h].degree == cand.degree
-                    ]
-                else:
-                    sources = [by_id[h] for h in node.holders if h in by_id]
-                if not sources:
-                    continue
-                src = min(sources, key=lambda w: (w.outstanding_s, w.id))
-                op = Copy(
-                    "intra" if cand.kind == "intra" else "inter",
-                    cand.key,
-                    cand.degree,
-                    src.id,
-                    dst.id,
-                    path_keys,
-                    missing,
-                    transfer_s(missing, src, dst),
-                )
-                plan.copies.append(op)
-                self._track_copy(op)
-                self.counts[f"{cand.kind}_started"] += 1
-                started += 1
-
-        plan.reclaim = ranking.reclaim_head()
-        # Reclamation: leaf blocks only, leaves freed in this scan count as gone.
-        # With reclaim_for_room_only, only where incoming copies need the room.
-        room: dict[int, int] | None = None
-        if s.reclaim_for_room_only:
-            room = {}
-            for op in self._copying.values():
-                room[op.destination] = room.get(op.destination, 0) + op.missing_blocks
-            for wid in list(room):
-                dest = by_id.get(wid)
-                free = dest.cache_capacity_blocks - dest.cache_used_blocks if dest else 0
-                room[wid] -= max(0, free) + self._reclaiming_at.get(wid, 0)
+        room = self._room_needed(pool) if s.reclaim_for_room_only else None
+        if room is not None and all(need <= 0 for need in room.values()):
+            return  # no worker needs room: no holder of any candidate qualifies
+        # (key, worker) reclaimed in this scan: a leaf freed here counts as gone.
         doomed: set[tuple[int, int]] = set()
         removed_from: dict[tuple[int, int], int] = {}
         for cand in plan.reclaim:
             if len(plan.reclaims) >= s.max_reclaim_per_scan:
                 break
-            node = nodes[cand.key]
-            if (
-                cand.replicas - removed_from.get((cand.key, cand.degree), 0)
-                < s.reclaim_min_replicas
-            ):
+            pair = (cand.key, cand.degree)
+            if cand.replicas - removed_from.get(pair, 0) < s.reclaim_min_replicas:
                 continue
-            choices = []
-            for h in node.holders:
-                holder = by_id.get(h)
-                if holder is None or holder.degree != cand.degree:
-                    continue
-                if (cand.key, h) in self._reclaiming or (cand.key, h) in doomed:
-                    continue
-                if room is not None and room.get(h, 0) <= 0:
-                    continue  # no copy there needs the space
-                if (h, cand.key) in self._pins:
-                    continue  # in use
-                if any(
-                    h in ch.holders and (ch.key, h) not in doomed for ch in node.children.values()
-                ):
-                    continue  # a retained descendant depends on it
-                choices.append(holder)
-            if not choices:
+            victim = self._reclaim_victim(pool, cand, room, doomed)
+            if victim is None:
                 continue
-            occupancy = {
-                w.id: w.cache_used_blocks / w.cache_capacity_blocks
-                if w.cache_capacity_blocks
-                else 0.0
-                for w in choices
-            }
-            victim = min(choices, key=lambda w: (-occupancy[w.id], -w.outstanding_s, w.id))
-            op_r = Reclaim(cand.key, cand.degree, victim.id)
-            plan.reclaims.append(op_r)
+            op = Reclaim(cand.key, cand.degree, victim.id)
+            plan.reclaims.append(op)
             doomed.add((cand.key, victim.id))
-            removed_from[(cand.key, cand.degree)] = removed_from.get((cand.key, cand.degree), 0) + 1
-            self._reclaiming[(cand.key, victim.id)] = op_r
-            self._reclaiming_at[victim.id] = self._reclaiming_at.get(victim.id, 0) + 1
+            removed_from[pair] = removed_from.get(pair, 0) + 1
+            self.start_reclaim(op)
             if room is not None:
                 room[victim.id] -= 1
-            self.counts["reclaims_started"] += 1
 
-    # -- reports from the shell -------------------------------------------------
+    def start_reclaim(self, op: Reclaim) -> None:
+        """Book a reclamation as in flight (a scan's, or one an administrator asks for):
+        the shell carries it out and reports with :meth:`reclaim_finished`, re-checking
+        at the worker that the block is not in use and has no retained child."""
+        if (op.key, op.worker) in self._reclaiming:
+            raise ValueError(f"block {op.key:#x} is already being reclaimed at worker {op.worker}")
+        self._reclaiming[(op.key, op.worker)] = op
+        self._reclaiming_at[op.worker] = self._reclaiming_at.get(op.worker, 0) + 1
+        self.counts["reclaims_started"] += 1
+
+    def _room_needed(self, pool: _Pool) -> dict[int, int]:
+        """Per destination of a copy in flight: the blocks those copies bring
+        beyond its free space and the reclamations already under way there."""
+        room: dict[int, int] = {}
+        for op in self._copying.values():
+            room[op.destination] = room.get(op.destination, 0) + op.missing_blocks
+        for wid in list(room):
+            dest = pool.by_id.get(wid)
+            free = dest.cache_capacity_blocks - dest.cache_used_blocks if dest else 0
+            room[wid] -= max(0, free) + self._reclaiming_at.get(wid, 0)
+        return room
+
+    def _reclaim_victim(
+        self,
+        pool: _Pool,
+        cand: Candidate,
+        room: dict[int, int] | None,
+        doomed: set[tuple[int, int]],
+    ) -> WorkerState | None:
+        """The holder of z to reclaim it at: a degree-C worker not already
+        reclaiming it, that needs the room (with ``room``), where z is not in
+        use and is a leaf (no child of z held there, except ones reclaimed in
+        this scan); the fullest cache first, then the most loaded, then the
+        lowest id. None if no holder qualifies."""
+        store = pool.store
+        holders: Iterable[int] = store.holders(cand.key)
+        if room is not None:
+            holders = [h for h in holders if room.get(h, 0) > 0]  # a copy there needs the space
+        children: list[tuple[int, Set[int]]] | None = None
+        choices = []
+        for h in holders:
+            holder = pool.by_id.get(h)
+            if holder is None or holder.degree != cand.degree:
+                continue
+            if (cand.key, h) in self._reclaiming or (cand.key, h) in doomed:
+                continue
+            if (h, cand.key) in self._pins:
+                continue  # in use
+            if children is None:
+                # each child's holders, read once (not per holder)
+                children = [(ch, store.holders(ch)) for ch in store.children(cand.key)]
+            if any(h in held and (ch, h) not in doomed for ch, held in children):
+                continue  # a retained descendant depends on it
+            choices.append(holder)
+        if not choices:
+            return None
+        occupancy = {
+            w.id: w.cache_used_blocks / w.cache_capacity_blocks if w.cache_capacity_blocks else 0.0
+            for w in choices
+        }
+        return min(choices, key=lambda w: (-occupancy[w.id], -w.outstanding_s, w.id))
+
+    # -- operations in flight, reports from the shell ------------------------------
 
     def _track_copy(self, op: Copy) -> None:
         self._copying[(op.key, op.degree)] = op
@@ -678,32 +745,11 @@ class CacheManager:
         else:
             self._reclaiming_at.pop(worker, None)
 
-    @property
-    def copies_in_flight(self) -> list[Copy]:
-        return list(self._copying.values())
 
-    @property
-    def reclaims_in_flight(self) -> list[Reclaim]:
-        return list(self._reclaiming.values())
-
-
-def _path(node: TrieNode) -> list[TrieNode]:
-    """The root→z path, root first."""
-    out = []
-    n: TrieNode | None = node
-    while n is not None:
-        out.append(n)
-        n = n.parent
-    out.reverse()
-    return out
-
-
-def _retained_depths(node: TrieNode) -> dict[int, int]:
-    """Per worker, the depth of the deepest ancestor of z (z included) it holds."""
+def _retained_depths(path: Sequence[BlockInfo]) -> dict[int, int]:
+    """Per worker, the depth of the deepest block of ``path`` (root first) it holds."""
     depths: dict[int, int] = {}
-    n: TrieNode | None = node
-    while n is not None:
+    for n in reversed(path):
         for h in n.holders:
             depths.setdefault(h, n.depth)
-        n = n.parent
     return depths

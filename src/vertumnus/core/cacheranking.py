@@ -15,22 +15,25 @@ A scan executes a bounded number of operations, so it reads only the head of
 each list. :class:`Ranking` therefore works in three steps:
 
 1. Vectorized over the table: the (z, C) that can cross a threshold at all,
-   and for each a *bound* on its key that needs no trie access (the most
+   and for each a *bound* on its key that needs no index access (the most
    favourable replica count and footprint: r = 1 or the number of degree-C
    workers, footprint ≥ 1).
 2. In increasing order of that bound, in batches that grow (the first one
    sized for the selection, so a small table is one batch: a plain exact
    evaluation and sort; intra sizes the next one from the band still
-   waiting): replica counts and the in-trie check for the whole batch at C
-   speed (``map`` over the holder sets), then NumPy for scores.
+   waiting): the batch's blocks from the store, replica counts and the
+   generation check (the block counted is the one in the index) for the
+   whole batch at C speed (``map`` over the holder sets), then NumPy for
+   scores.
    Reclamation, which reads ~8 × 256 of up to (tracked nodes × degrees)
    pairs, mostly ties at access 0, selects its batches over dense per-degree
    blocks of the table (:func:`_lex_batches_dense`: a pair that is no
    candidate has bound +inf), with no index array over all pairs; the tie
    columns are cut column by column (:func:`_lex_select`), depths by
    counting rather than partitioning.
-3. Footprints (path walks, Python) only for the intra/inter items read, one
-   at a time in order of the exact part of the key (:func:`_exact_order`).
+3. Footprints (path walks up the ``parent`` keys, Python) only for the
+   intra/inter items read, one at a time in order of the exact part of the
+   key (:func:`_exact_order`).
    A walk goes only as far as it can matter against the best key found so
    far: an inter candidate with ``missed`` m stops after m/score(best)
    blocks without a holder (an intra one after the best's footprint, in
@@ -41,6 +44,9 @@ A key found below the bound of every item not yet evaluated is final, so each
 list comes out exactly as a full sort would order it
 (``tests/cachemanager/test_scan_reference.py`` checks that against a naive
 reference, with tiny, small and huge batches on the same tries).
+
+The :class:`~vertumnus.core.store.BlockInfo` objects a ranking reads from the
+store are kept for that scan only.
 """
 
 from __future__ import annotations
@@ -50,26 +56,38 @@ import math
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import compress
-from operator import attrgetter, is_
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from operator import attrgetter, eq
+from typing import Any, Literal, Protocol, TypeVar, cast
 
 import numpy as np
 
 from vertumnus.core.cachecounters import CounterTable
+from vertumnus.core.cachesettings import CacheManagerSettings
 from vertumnus.core.placement import WorkerState
-from vertumnus.core.trie import TrieNode
+from vertumnus.core.store import BlockInfo, TrieStore
 
-if TYPE_CHECKING:
-    from vertumnus.core.cachemanager import CacheManagerSettings, CacheView
-
-__all__ = ["Candidate", "Ranking"]
+__all__ = ["Candidate", "RankedLists", "Ranking"]
 
 _T = TypeVar("_T")
 _V = TypeVar("_V")
 _Array = np.ndarray[Any, Any]
 _Key = tuple[Any, ...]
-_node_key = attrgetter("key")
 _holders = attrgetter("holders")
+_generation = attrgetter("generation")
+
+
+class _Missing:
+    """Stands in for a block no longer in the index: no holders, no generation."""
+
+    __slots__ = ()
+    key = 0
+    depth = 0
+    parent = None
+    holders: frozenset[int] = frozenset()
+    generation = None
+
+
+_MISSING = cast(BlockInfo, _Missing())
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,27 +106,52 @@ class Candidate:
     depth: int = 0
 
 
+class RankedLists(Protocol):
+    """The three candidate lists a selection reads, each in rank order."""
+
+    @property
+    def inter(self) -> Iterator[Candidate]: ...
+
+    @property
+    def intra(self) -> Iterator[Candidate]: ...
+
+    def reclaim_head(self) -> list[Candidate]:
+        """The first ``reclaim_ranked_per_scan`` reclamation candidates."""
+        ...
+
+
 class Ranking:
     """The candidate lists of one scan (see the module docstring): ``inter``
     and ``intra`` are iterators in rank order, :meth:`reclaim_head` the first
-    ``reclaim_ranked_per_scan`` reclamation candidates. ``gone`` collects the
-    slots whose node turned out to have left the trie."""
+    ``reclaim_ranked_per_scan`` reclamation candidates (a :class:`RankedLists`).
+    ``gone`` collects the slots whose block turned out to have left the index.
 
-    batch: int | None = None
-    """First batch size for every list, overriding the ones derived from the
-    per-scan bounds (tests: 1 forces the lazy path, a huge one the plain one)."""
+    ``workers`` and ``store``: the pool as the scan sees it; ``covered``: the
+    (key, degree) on the path of a copy in flight, ``copy_dest``: the (key,
+    destination) of the copies in flight. ``first_batch`` (a test and tuning
+    knob) is the first batch size of every list, in place of the ones derived
+    from the per-scan bounds, and every later one then grows 4× (1 evaluates
+    every list lazily, batch after batch; a huge one is one plain exact
+    evaluation and sort). The lists are the same whatever it is.
+    """
 
     def __init__(
         self,
         table: CounterTable,
         settings: CacheManagerSettings,
-        view: CacheView,
+        workers: Iterable[WorkerState],
+        store: TrieStore,
         covered: Iterable[tuple[int, int]],
         copy_dest: Iterable[tuple[int, int]],
+        *,
+        first_batch: int | None = None,
     ) -> None:
+        if first_batch is not None and first_batch < 1:
+            raise ValueError(f"first_batch must be >= 1, got {first_batch}")
         s = self.settings = settings
         self.table = table
-        workers = [w for w in view.workers if w.available]
+        self.batch = first_batch
+        workers = [w for w in workers if w.available]
         self.by_degree: dict[int, list[WorkerState]] = {}
         for w in workers:
             self.by_degree.setdefault(w.degree, []).append(w)
@@ -120,7 +163,7 @@ class Ranking:
         """Most room among a set of destinations (walks start from a few sets)."""
         for c in sorted(self.by_degree):
             table.column(c)  # a column per available degree (reclamation reads zeros too)
-        self.trie_get = view.trie.nodes.get
+        self.block = store.block
         # Ranked as of the scan's start: the selection adds copies (and their
         # paths and destinations) while it reads the lists.
         self.covered = set(covered)
@@ -129,17 +172,8 @@ class Ranking:
         self.gone: set[int] = set()
         self.access, self.missed, self.depth = table.views()
         self.columns = [(col, c) for col, c in enumerate(table.degrees) if c in self.by_degree]
-        ncol = len(table.degrees)
-        # (slot, column) of covered pairs, as slot·ncol + column (np.isin).
-        slot_of = table._slot_of
-        self.covered_ids = np.array(
-            [
-                slot_of[k] * ncol + table._column_of[c]
-                for k, c in self.covered
-                if k in slot_of and c in table._column_of
-            ],
-            dtype=np.int64,
-        )
+        # (slot, column) of covered pairs, as slot·columns + column (np.isin).
+        self.covered_ids = table.pair_ids(self.covered)
         first = self.batch or 4 * max(s.max_inter_per_scan, s.max_intra_per_scan) + 16
         self.inter: Iterator[Candidate] = self._inter(first)
         self.intra: Iterator[Candidate] = self._intra(first)
@@ -165,14 +199,25 @@ class Ranking:
             out[m] = table[col][slots[m]]
         return out
 
+    def _blocks(self, slots: _Array) -> list[BlockInfo]:
+        """The blocks of a batch of slots, from the store (a stand-in with no
+        holders for a key no longer in the index): one lookup per pair, the
+        main cost of reading through the store protocol (a probe of the
+        index's dict, ~0.2 µs; deduplicating a slot's two pairs first costs
+        more than the second lookup, which hits the cache)."""
+        keys = cast(list[int], self.table.block_keys)
+        blocks = list(map(self.block, map(keys.__getitem__, slots.tolist())))
+        if None in blocks:
+            return [_MISSING if b is None else b for b in blocks]
+        return cast(list[BlockInfo], blocks)
+
     def _replicas(
         self, slots: _Array, cols: _Array, min_holders: int = 0
-    ) -> tuple[list[TrieNode], _Array]:
+    ) -> tuple[list[BlockInfo], _Array]:
         """For a batch of pairs, at C speed (``map`` over the holder sets): the
-        nodes and ReplicaCount(z, C), left 0 where z has fewer than
+        blocks and ReplicaCount(z, C), left 0 where z has fewer than
         ``min_holders`` holders in all."""
-        # (slots of pairs are tracked: their nodes are not None)
-        nodes = cast(list[TrieNode], list(map(self.table.nodes.__getitem__, slots.tolist())))
+        nodes = self._blocks(slots)
         holders = list(map(_holders, nodes))
         r = np.zeros(len(nodes), dtype=np.int64)
         if min_holders > 1:
@@ -193,10 +238,10 @@ class Ranking:
         r[many] = r_some
         return nodes, r
 
-    def _unheld(self, slots: _Array, cols: _Array) -> tuple[list[TrieNode], _Array]:
-        """For a batch of pairs, at C speed: the nodes and whether
+    def _unheld(self, slots: _Array, cols: _Array) -> tuple[list[BlockInfo], _Array]:
+        """For a batch of pairs, at C speed: the blocks and whether
         ReplicaCount(z, C) = 0 (no set is built, unlike :meth:`_replicas`)."""
-        nodes = cast(list[TrieNode], list(map(self.table.nodes.__getitem__, slots.tolist())))
+        nodes = self._blocks(slots)
         holders = list(map(_holders, nodes))
         out = np.zeros(len(nodes), dtype=bool)
         for col, c in self.columns:
@@ -207,12 +252,20 @@ class Ranking:
                 out[m] = np.fromiter(map(self.ids[c].isdisjoint, sets), bool, k)
         return nodes, out
 
-    def _in_trie(self, nodes: list[TrieNode], slots: _Array, keep: _Array) -> _Array:
-        """``keep`` (indices into the batch) less the nodes that left the trie,
-        whose slots go to ``gone``."""
-        kept = [nodes[i] for i in keep.tolist()]
+    def _in_index(self, nodes: list[BlockInfo], slots: _Array, keep: _Array) -> _Array:
+        """``keep`` (indices into the batch) less the pairs whose slot counts a
+        block that left the index (the key is gone, or back as a new
+        incarnation: another generation); their slots go to ``gone``."""
+        kept = keep.tolist()
+        gens = self.table.generations
         here = np.fromiter(
-            map(is_, map(self.trie_get, map(_node_key, kept)), kept), bool, len(kept)
+            map(
+                eq,
+                map(_generation, map(nodes.__getitem__, kept)),
+                map(gens.__getitem__, slots[keep].tolist()),
+            ),
+            bool,
+            len(kept),
         )
         if here.all():
             return keep
@@ -224,13 +277,13 @@ class Ranking:
             return True
         return ~np.isin(slots * len(self.table.degrees) + cols, self.covered_ids)
 
-    def _footprint(self, node: TrieNode, c: int, cap: int | None = None) -> int | None:
+    def _footprint(self, node: BlockInfo, c: int, cap: int | None = None) -> int | None:
         """Fewest blocks a feasible degree-C destination lacks for a copy of z, or
-        None (as of the scan's start), by one walk up from z that stops at the
-        first feasible destination: what a destination lacks only grows with
-        the distance to the deepest ancestor it holds. With ``cap``, a walk
-        that finds no holder within ``cap`` blocks stops there and returns −f
-        (f > cap): the footprint, if any, is at least f."""
+        None (as of the scan's start), by one walk up from z (its ``parent``
+        keys) that stops at the first feasible destination: what a destination
+        lacks only grows with the distance to the deepest ancestor it holds.
+        With ``cap``, a walk that finds no holder within ``cap`` blocks stops
+        there and returns −f (f > cap): the footprint, if any, is at least f."""
         key, depth = node.key, node.depth
         pend = self.ids[c] - node.holders
         if key in self.copy_dest_keys:
@@ -241,14 +294,16 @@ class Ranking:
         reach = self._reach.get(pend)
         if reach is None:
             reach = self._reach[pend] = max(room[w] for w in pend)
-        n = node.parent
+        block = self.block
+        n = block(node.parent)
         stop = depth - cap if cap is not None else 0
         while True:
             # Up to the nearest ancestor that some destination left holds: the
-            # walk's hot loop, one C call per block. (What a destination lacks
-            # only grows on the way, so nothing is decided in between.)
+            # walk's hot loop, one lookup and one C call per block. (What a
+            # destination lacks only grows on the way, so nothing is decided
+            # in between.)
             while n is not None and n.depth >= stop and n.holders.isdisjoint(pend):
-                n = n.parent
+                n = block(n.parent)
             if n is None:
                 # The rest hold nothing of the path.
                 return depth if depth <= reach else None
@@ -264,7 +319,7 @@ class Ranking:
             if not pend:
                 return None
             reach = max(room[w] for w in pend)
-            n = n.parent
+            n = block(n.parent)
 
     def _band(self, score: float) -> float:
         """Near-tie band of an intra score (higher is better): geometric buckets
@@ -287,7 +342,7 @@ class Ranking:
                 sl, co = slots[head], cols[head]
                 nodes, none_held = self._unheld(sl, co)
                 keep = np.flatnonzero(none_held & self._not_covered(sl, co))
-                keep = self._in_trie(nodes, sl, keep)
+                keep = self._in_index(nodes, sl, keep)
                 degrees = self.table.degrees
                 for i, col, m in zip(
                     keep.tolist(), co[keep].tolist(), missed[head[keep]].tolist(), strict=True
@@ -336,7 +391,7 @@ class Ranking:
                 nodes, r = self._replicas(sl, co)
                 a = access[head]
                 keep = np.flatnonzero((r > 0) & (a > r * t) & self._not_covered(sl, co))
-                keep = self._in_trie(nodes, sl, keep)
+                keep = self._in_index(nodes, sl, keep)
                 score = a[keep] / r[keep]
                 if log_step:
                     logs = np.fromiter(map(math.log, score.tolist()), float, keep.size)
@@ -415,10 +470,10 @@ class Ranking:
         block_degree = np.array([c for _, c in blocks], dtype=np.int64)
         depth, degrees = self.depth, np.array(self.table.degrees, dtype=np.int64)
         if self.table.wide_keys:
-            nodes = self.table.nodes
+            block_keys = self.table.block_keys
 
             def keys(p: _Array) -> _Array:
-                return np.array([nodes[x].key for x in (p % size).tolist()], dtype=object)  # type: ignore[union-attr]
+                return np.array([block_keys[x] for x in (p % size).tolist()], dtype=object)
         else:
             all_keys = np.frombuffer(self.table.keys, dtype=np.uint64)
 
@@ -446,7 +501,7 @@ class Ranking:
             sl, co = head % size, block_col[head // size]
             batch_nodes, r = self._replicas(sl, co, min_r)
             a = self._gather(self.access, sl, co)
-            keep = self._in_trie(batch_nodes, sl, np.flatnonzero((r >= min_r) & (a < r * t)))
+            keep = self._in_index(batch_nodes, sl, np.flatnonzero((r >= min_r) & (a < r * t)))
             kept = head[keep]
             valid += keep.size
             found.append(
@@ -471,10 +526,10 @@ class Ranking:
         ]
 
 
-_IntraItem = tuple[TrieNode, int, int, float, float]
-"""(node, degree, replicas, access/r, band)."""
-_InterItem = tuple[TrieNode, int, float]
-"""(node, degree, missed)."""
+_IntraItem = tuple[BlockInfo, int, int, float, float]
+"""(block, degree, replicas, access/r, band)."""
+_InterItem = tuple[BlockInfo, int, float]
+"""(block, degree, missed)."""
 _Exact = tuple[_Key, Any, bool] | None
 """What ``_exact_order``'s ``exact`` returns: (key, value, True), (bound, item, False) or None."""
 

@@ -23,6 +23,9 @@ __all__ = [
     "Layout",
     "Slot",
     "buddy_pairs",
+    "check_grouping",
+    "merge_slots",
+    "split_slot",
     "domain_partitions",
     "enumerate_lattice",
     "large_first_key",
@@ -31,16 +34,82 @@ __all__ = [
 ]
 
 
-
-
 @dataclass(frozen=True, slots=True)
 class Slot:
-    """One worker's place: ``degree`` GPUs at ``offset`` in NVLink domain ``domain``."""
+    """One worker and its place: ``degree`` GPUs at ``offset`` in NVLink domain ``domain``.
+
+    The one vocabulary of the pool's shape, shared by the planner, the
+    simulator, the router, the operator and the CP engine: ``worker`` is the
+    worker's id in the pool (unique over the pool's life: a split or merge
+    creates workers with new ids), ``domain`` the NVLink domain (node, pod)
+    and ``offset`` its first GPU there, so its ranks are
+    ``offset .. offset + degree − 1`` of that domain.
+    """
 
     worker: int
     degree: int
     domain: int
     offset: int
+
+    @property
+    def ranks(self) -> range:
+        """The worker's ranks (GPU indices) inside its domain."""
+        return range(self.offset, self.offset + self.degree)
+
+
+def split_slot(slot: Slot, new_ids: Sequence[int]) -> tuple[Slot, Slot]:
+    """The two halves a split of ``slot`` creates (the first id takes the lower offset)."""
+    if slot.degree % 2 or slot.degree < 2:
+        raise ValueError(f"worker {slot.worker}: cannot split degree {slot.degree}")
+    if len(new_ids) != 2:
+        raise ValueError(f"a split creates two workers, got ids {list(new_ids)}")
+    half = slot.degree // 2
+    return (
+        Slot(new_ids[0], half, slot.domain, slot.offset),
+        Slot(new_ids[1], half, slot.domain, slot.offset + half),
+    )
+
+
+def merge_slots(a: Slot, b: Slot, new_id: int) -> Slot:
+    """The worker a merge of the buddies ``a`` and ``b`` creates."""
+    lo, hi = (a, b) if a.offset < b.offset else (b, a)
+    if (
+        lo.degree != hi.degree
+        or lo.domain != hi.domain
+        or hi.offset != lo.offset + lo.degree
+        or lo.offset % (2 * lo.degree)
+    ):
+        raise ValueError(f"workers {a.worker} and {b.worker} are not buddies: {a} and {b}")
+    return Slot(new_id, 2 * lo.degree, lo.domain, lo.offset)
+
+
+def check_grouping(slots: Sequence[Slot], domain_size: int) -> None:
+    """Raise ValueError naming the fault unless ``slots`` tile their domains with
+    buddy-aligned workers of power-of-two degree and distinct ids."""
+    ids = [s.worker for s in slots]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"worker ids repeat in the grouping: {sorted(ids)}")
+    used: dict[tuple[int, int], int] = {}
+    for s in slots:
+        if not _is_pow2(s.degree) or s.degree > domain_size:
+            raise ValueError(
+                f"worker {s.worker}: degree {s.degree} is not a power of two <= {domain_size}"
+            )
+        if s.domain < 0 or s.offset < 0 or s.offset + s.degree > domain_size:
+            raise ValueError(f"worker {s.worker}: ranks {s.offset}..{s.offset + s.degree - 1} "
+                             f"are outside a {domain_size}-GPU domain")
+        if s.offset % s.degree:
+            raise ValueError(
+                f"worker {s.worker}: a CP{s.degree} worker cannot start at rank {s.offset} "
+                f"(lattice groups of degree {s.degree} start at multiples of {s.degree})"
+            )
+        for r in s.ranks:
+            other = used.get((s.domain, r))
+            if other is not None:
+                raise ValueError(
+                    f"workers {other} and {s.worker} both use rank {r} of domain {s.domain}"
+                )
+            used[(s.domain, r)] = s.worker
 
 
 @dataclass(frozen=True)
@@ -59,6 +128,26 @@ class Layout:
             if s.worker == worker:
                 return s
         raise KeyError(f"worker {worker} is not in the layout")
+
+    def split(self, worker: int, new_ids: Sequence[int]) -> Layout:
+        """This layout after splitting ``worker`` into two workers ``new_ids``."""
+        old = self.slot(worker)
+        rest = [s for s in self.slots if s.worker != worker]
+        return self._with(rest + list(split_slot(old, new_ids)))
+
+    def merge(self, a: int, b: int, new_id: int) -> Layout:
+        """This layout after merging the buddies ``a`` and ``b`` into worker ``new_id``."""
+        sa, sb = self.slot(a), self.slot(b)
+        rest = [s for s in self.slots if s.worker not in (a, b)]
+        return self._with([*rest, merge_slots(sa, sb, new_id)])
+
+    def domain(self, domain: int) -> tuple[Slot, ...]:
+        """The workers of one domain, by offset."""
+        return tuple(s for s in self.slots if s.domain == domain)
+
+    def _with(self, slots: list[Slot]) -> Layout:
+        slots.sort(key=lambda s: (s.domain, s.offset))
+        return Layout(tuple(slots), self.domain_size)
 
 
 def _is_pow2(n: int) -> bool:

@@ -8,8 +8,9 @@ For request i and candidate worker w of degree C_w:
 ``q_w`` is the worker's outstanding predicted work (queued Ê plus the rest of
 the running prefill) — a proxy for the wait. ``C_min`` is the smallest degree
 among the candidates; the λ term charges the GPU time a larger worker
-occupies beyond the smallest one. The cheapest candidate wins and the caller
-**reserves** its Ê at once (:func:`reserve`) so that concurrent arrivals see it.
+occupies beyond the smallest one. The cheapest candidate wins and the routing
+core (:mod:`vertumnus.core.routing`) **reserves** its Ê at once, so that
+concurrent arrivals see it.
 
 β is load-dependent: β_i = β + (β_busy − β)·(share of candidates with
 requests waiting), so a cache hit weighs more once recomputation would delay
@@ -28,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from vertumnus.core.costmodel import PrefillModel
+from vertumnus.core.decision import RouteDecision
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +62,7 @@ class PlacementParams:
 
 @dataclass(slots=True)
 class WorkerState:
-    """What placement knows about one worker. Owned and updated by a shell."""
+    """What placement knows about one worker. Kept up to date by the routing core."""
 
     id: int
     degree: int
@@ -78,16 +80,6 @@ class WorkerState:
     @property
     def inflight(self) -> int:
         return self.queued + self.running
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    worker: int
-    estimate_s: float
-    """Ê at the chosen worker: the amount to reserve."""
-    cached_tokens: int
-    cost: float
-    preferred_degree: int
 
 
 def candidates(workers: Sequence[WorkerState], length: int, model: PrefillModel) -> list[WorkerState]:
@@ -110,14 +102,20 @@ def place(
     model: PrefillModel,
     params: PlacementParams,
     block_size: int,
-) -> Placement | None:
+) -> RouteDecision | None:
     """The minimum-cost worker for a request, or None if no worker can take it.
 
     ``matched_blocks[w]`` is the number of leading blocks of the request cached
-    at worker ``w`` (absent means none).
+    at worker ``w`` (absent means none). The policy's hot path calls
+    :data:`place_fields` and builds the decision itself (one dict lookup for
+    q_w instead of this scan).
     """
     fields = place_fields(length, matched_blocks, workers, model, params, block_size)
-    return None if fields is None else Placement(*fields)
+    if fields is None:
+        return None
+    worker, estimate_s, cached, cost, preferred = fields
+    queue_s = next(w.outstanding_s for w in workers if w.id == worker)
+    return RouteDecision(worker, estimate_s, cached, preferred, cost, queue_s)
 
 
 def place_fields_py(
@@ -128,8 +126,8 @@ def place_fields_py(
     params: PlacementParams,
     block_size: int,
 ) -> tuple[int, float, int, float, int] | None:
-    """:func:`place` as a plain tuple in :class:`Placement`'s field order
-    (pure Python; :data:`place_fields` is the one to call).
+    """:func:`place` as a plain tuple (worker, Ê, cached tokens, cost, preferred
+    degree) (pure Python; :data:`place_fields` is the one to call).
 
     For the policy's hot path, which builds its own result: a frozen
     dataclass costs ~1 µs to construct.
@@ -217,9 +215,3 @@ except ImportError:  # built without a C compiler
     HOT_PATH = "python"
 else:
     HOT_PATH = "c"
-
-
-def reserve(worker: WorkerState, estimate_s: float) -> None:
-    """Book a placed request's predicted work at its worker immediately."""
-    worker.outstanding_s += estimate_s
-    worker.queued += 1

@@ -21,7 +21,8 @@ Vocabulary (the topology — domains, layouts, buddies, the lattice — lives in
   multiset of degrees that is a sum of per-domain buddy partitions.
 - **capacity** κ_C: the largest demand a single degree-C worker sustains while
   meeting the TTFT SLO attainment target, measured by profiling
-  (:mod:`vertumnus.sim.capacity`). We store it as a *rate*: seconds of
+  (``python -m vertumnus.sim.capacity``; read with
+  :func:`vertumnus.profiles.load_capacity`). We store it as a *rate*: seconds of
   predicted prefill work per second of wall time, so that a window of H
   seconds has capacity κ_C·H. A composition's capacity is K = Σ_w κ_{C_w}.
 - **window** H_k: observation windows of length H, evaluated every
@@ -70,6 +71,7 @@ instead of one window per step.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -82,7 +84,9 @@ from vertumnus.core.lattice import (
     enumerate_lattice,
     large_first_key,
     layout_for,
+    merge_slots,
     neighbours,
+    split_slot,
 )
 from vertumnus.core.placement import PlacementParams
 from vertumnus.core.types import Composition
@@ -101,6 +105,7 @@ __all__ = [
     "WorkerObservation",
     "advance",
     "commit",
+    "distinct_time",
     "domain_partitions",
     "eligible_merges",
     "eligible_splits",
@@ -109,9 +114,12 @@ __all__ = [
     "initial_state",
     "large_share",
     "layout_for",
+    "min_long_requests",
     "neighbours",
     "plan_target",
+    "pooled_share",
     "step",
+    "walk",
 ]
 
 
@@ -183,7 +191,7 @@ class PlannerSettings:
     is confirmed only once the streak's windows hold enough long requests
     for the share to be known to within ``mix_margin``/2 — at least
     ⌈1/(4·``mix_margin``²)⌉ of them (7 at the default margin;
-    :func:`_min_long_requests`) — and is then planned with the streak's
+    :func:`min_long_requests`) — and is then planned with the streak's
     pooled long share (Σ long demand / Σ demand) instead of each window's
     own: persistence scales with how thin the windows are
     (docs/benchmarks/adaptive.md, "Thin windows"). False: ``persist_windows``
@@ -473,7 +481,7 @@ def eligible_merges(layout: Layout, settings: PlannerSettings) -> list[Merge]:
     return [Merge((a.worker, b.worker)) for a, b in buddy_pairs(layout, set(settings.degrees))]
 
 
-#: A candidate operation of :func:`_walk`: its rank key (traffic, drain,
+#: A candidate operation of :func:`walk`: its rank key (traffic, drain,
 #: lowest member; :func:`_candidate`) followed by its members (one worker: a
 #: split; two buddies, lower offset first: a merge).
 _Cand = tuple[float, float, int, tuple[int, ...]]
@@ -486,7 +494,7 @@ def _candidate(members: tuple[int, ...], by_worker: Mapping[int, WorkerObservati
     queued requests are re-placed elsewhere, so only the running prefill is
     waited for — except that operations within ``drain_tie_s`` of the shortest
     drain are ranked by the least KV-reconciliation traffic, then the drain,
-    then the lowest worker id (determinism). :func:`_walk` applies the drain
+    then the lowest worker id (determinism). :func:`walk` applies the drain
     cut; the key is (traffic, drain, lowest member). Workers without an
     observation (not yet created) count as idle and cold.
     """
@@ -533,7 +541,7 @@ def _reads_mix(k_cap: float, load: WindowObservation, settings: PlannerSettings)
     return settings.mix_below_lower or u >= settings.lower
 
 
-def _min_long_requests(settings: PlannerSettings) -> int:
+def min_long_requests(settings: PlannerSettings) -> int:
     """Long requests the long share must be read from (``mix_evidence``).
 
     The long share s = L/D is carried by the few long requests: with n of
@@ -555,7 +563,7 @@ def _fresh(w: WindowObservation) -> tuple[float, int, float]:
     )
 
 
-def _distinct(loads: Sequence[WindowObservation]) -> tuple[list[float], int, list[float]]:
+def distinct_time(loads: Sequence[WindowObservation]) -> tuple[list[float], int, list[float]]:
     """Demand terms, long-request count and long-demand terms over the distinct time
     that consecutive windows ``loads`` cover: the first window whole, then only the
     newest hop of each later one, so overlapping windows count each request once."""
@@ -566,11 +574,11 @@ def _distinct(loads: Sequence[WindowObservation]) -> tuple[list[float], int, lis
     return [p[0] for p in parts], sum(p[1] for p in parts), [p[2] for p in parts]
 
 
-def _pooled(loads: Sequence[WindowObservation]) -> tuple[WindowObservation, ...]:
+def pooled_share(loads: Sequence[WindowObservation]) -> tuple[WindowObservation, ...]:
     """``loads`` with each window's long share replaced by the pooled share of all of them
-    (Σ long demand / Σ demand over the distinct time they cover, :func:`_distinct`);
+    (Σ long demand / Σ demand over the distinct time they cover, :func:`distinct_time`);
     demand and request counts stay per window."""
-    demand, _, long_demand = _distinct(loads)
+    demand, _, long_demand = distinct_time(loads)
     total = math.fsum(demand)
     share = math.fsum(long_demand) / total if total > 0 else 0.0
     return tuple(replace(w, long_demand_s=share * w.demand_s) for w in loads)
@@ -660,22 +668,15 @@ def _apply(slots: Sequence[Slot], op: Op, new_ids: Sequence[int]) -> list[Slot]:
     by_id = {s.worker: s for s in slots}
     out = [s for s in slots if s.worker not in _members(op)]
     if isinstance(op, Split):
-        old = by_id[op.worker]
-        half = old.degree // 2
-        out += [
-            Slot(new_ids[0], half, old.domain, old.offset),
-            Slot(new_ids[1], half, old.domain, old.offset + half),
-        ]
+        out += split_slot(by_id[op.worker], new_ids)
     else:
-        a, b = (by_id[w] for w in op.workers)
-        lo = a if a.offset < b.offset else b
-        out.append(Slot(new_ids[0], 2 * a.degree, lo.domain, lo.offset))
+        out.append(merge_slots(by_id[op.workers[0]], by_id[op.workers[1]], new_ids[0]))
     out.sort(key=lambda s: (s.domain, s.offset))
     return out
 
 
 class _Ranked:
-    """Candidate operations of one bucket of :func:`_walk`, in ranking order.
+    """Candidate operations of one bucket of :func:`walk`, in ranking order.
 
     The first enumeration is sorted twice, by the rank key and by drain;
     removal is lazy (``alive``) and entries removed at the front are skipped
@@ -730,7 +731,7 @@ def _rank_of(c: _Cand) -> tuple[float, float, int]:
     return c[0], c[1], c[2]
 
 
-def _walk(
+def walk(
     layout: Layout,
     pending: Sequence[Op],
     loads: Sequence[WindowObservation],
@@ -744,141 +745,172 @@ def _walk(
 ) -> tuple[list[Op], Composition]:
     """Follow the controller's rules from ``layout`` with ``loads`` held fixed.
 
-    ``pending`` operations are applied first (their new workers get virtual,
-    negative ids below every real one). Each step takes one operation in
-    ``direction`` while *every* load still asks for that direction at the
-    composition reached so far (for a merge: among the merges admitted for
-    every load), ranked as in :func:`_candidate`, operations on workers that
-    exist now before those on workers still to be created. Stops where the
-    rules stop asking, at ``target``, or after ``limit`` operations. Returns
-    the operations in order and the composition they lead to.
+    ``pending`` operations are applied first (their new workers get
+    provisional, negative ids below every real one: they exist only for this
+    lookahead). Each step takes one operation in ``direction`` while *every*
+    load still asks for that direction at the composition reached so far
+    (for a merge: among the merges admitted for every load), ranked as in
+    :func:`_candidate`, operations on workers that exist now before those on
+    workers still to be created. Stops where the rules stop asking, at
+    ``target``, or after ``limit`` operations. Returns the operations in
+    order and the composition they lead to.
 
-    Incremental: the candidate operations of ``direction`` are enumerated and
-    keyed once; a step removes the ones its operation consumes and adds the
-    few its new workers make possible (their halves, their new buddy), so a
-    walk of n steps over W workers costs O(W + n·candidates) cheap
-    comparisons instead of n full re-enumerations and re-sorts of the layout
-    (``tests/planner/test_walk.py`` checks it against the full re-enumeration).
+    Incremental (:class:`_Walk`): the candidate operations of ``direction``
+    are enumerated and keyed once; a step removes the ones its operation
+    consumes and adds the few its new workers make possible (their halves,
+    their new buddy), so a walk of n steps over W workers costs
+    O(W + n·candidates) cheap comparisons instead of n full re-enumerations
+    and re-sorts of the layout (``tests/planner/test_walk.py`` checks it
+    against the full re-enumeration).
     """
-    slots: Sequence[Slot] = layout.slots
-    next_id = min([0, *(s.worker for s in slots)]) - 1
+    return _Walk(layout, pending, direction, settings, workers).run(
+        loads, capacity, target=target, limit=limit
+    )
 
-    def fresh(n: int) -> list[int]:
-        nonlocal next_id
-        ids = [next_id - i for i in range(n)]
-        next_id -= n
+
+class _Walk:
+    """The state of one :func:`walk`: the layout as the walk changes it, and the
+    candidate operations of its direction in ranked buckets."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        pending: Sequence[Op],
+        direction: str,
+        settings: PlannerSettings,
+        workers: Sequence[WorkerObservation],
+    ) -> None:
+        self.settings = settings
+        self.splitting = direction == "split"
+        self.direction = direction
+        self.allowed = set(settings.degrees)
+        self.domain_size = layout.domain_size
+        self.by_worker = {w.worker: w for w in workers}
+        self._next_id = min([0, *(s.worker for s in layout.slots)]) - 1
+        slots: Sequence[Slot] = layout.slots
+        for op in pending:
+            slots = _apply(slots, op, self._fresh(2 if isinstance(op, Split) else 1))
+        busy = {w for op in pending for w in _members(op)}
+        self.real = {s.worker for s in layout.slots} - busy
+        self.by_id = {s.worker: s for s in slots}
+        self.at = {(s.domain, s.offset): s for s in slots}
+        self.counts: dict[int, int] = {}
+        for s in slots:
+            self.counts[s.degree] = self.counts.get(s.degree, 0) + 1
+        self.gpus = sum(s.degree for s in slots)
+        self._enumerate(slots)
+
+    def _fresh(self, n: int) -> list[int]:
+        ids = [self._next_id - i for i in range(n)]
+        self._next_id -= n
         return ids
 
-    for op in pending:
-        slots = _apply(slots, op, fresh(2 if isinstance(op, Split) else 1))
-    busy = {w for op in pending for w in _members(op)}
-    real = {s.worker for s in layout.slots} - busy
-    allowed = set(settings.degrees)
-    dsize = layout.domain_size
-    splitting = direction == "split"
-    by_worker = {w.worker: w for w in workers}
-    by_id = {s.worker: s for s in slots}
-    at = {(s.domain, s.offset): s for s in slots}
-    counts: dict[int, int] = {}
-    for s in slots:
-        counts[s.degree] = counts.get(s.degree, 0) + 1
-    goal: dict[int, int] | None = None
-    if target is not None:
-        goal = {}
-        for d in target.degrees:
-            goal[d] = goal.get(d, 0) + 1
-
-    # The candidate operations of ``direction``, in buckets by (all members
-    # exist now, degree of the members), each ranked once (:class:`_Ranked`).
-    def candidate_of(s: Slot) -> tuple[int, ...] | None:
-        """Members of the operation of ``direction`` that ``s`` takes part in, if any."""
+    def candidate_of(self, s: Slot) -> tuple[int, ...] | None:
+        """Members of the operation of the walk's direction that ``s`` takes part in, if any."""
         d = s.degree
-        if splitting:
-            return (s.worker,) if d % 2 == 0 and d // 2 in allowed else None
-        if 2 * d not in allowed or 2 * d > dsize:
+        if self.splitting:
+            return (s.worker,) if d % 2 == 0 and d // 2 in self.allowed else None
+        if 2 * d not in self.allowed or 2 * d > self.domain_size:
             return None
         if s.offset % (2 * d) == 0:  # lower buddy: the pair is (s, next)
-            other = at.get((s.domain, s.offset + d))
+            other = self.at.get((s.domain, s.offset + d))
             if other is not None and other.degree == d:
                 return s.worker, other.worker
         else:  # upper buddy: the pair is (previous, s)
-            other = at.get((s.domain, s.offset - d))
+            other = self.at.get((s.domain, s.offset - d))
             if other is not None and other.degree == d and other.offset % (2 * d) == 0:
                 return other.worker, s.worker
         return None
 
-    first: dict[tuple[bool, int], list[_Cand]] = {}
-    for s in slots:
-        if not splitting and s.offset % (2 * s.degree):
-            continue  # an upper buddy: its pair is enumerated with the lower one
-        ms = candidate_of(s)
-        if ms is not None:
-            first.setdefault((all(w in real for w in ms), s.degree), []).append(
-                _candidate(ms, by_worker)
-            )
-    buckets = {b: _Ranked(items) for b, items in first.items()}
-    where: dict[int, _Ranked] = {}  # member worker -> the bucket of its candidate
-    for bucket in buckets.values():
-        for c in bucket.by_key:
-            for w in c[3]:
-                where[w] = bucket
+    def _enumerate(self, slots: Sequence[Slot]) -> None:
+        """The candidate operations, in buckets by (all members exist now, degree of
+        the members), each ranked once (:class:`_Ranked`)."""
+        first: dict[tuple[bool, int], list[_Cand]] = {}
+        for s in slots:
+            if not self.splitting and s.offset % (2 * s.degree):
+                continue  # an upper buddy: its pair is enumerated with the lower one
+            ms = self.candidate_of(s)
+            if ms is not None:
+                first.setdefault((all(w in self.real for w in ms), s.degree), []).append(
+                    _candidate(ms, self.by_worker)
+                )
+        self.buckets = {b: _Ranked(items) for b, items in first.items()}
+        self.where: dict[int, _Ranked] = {}  # member worker -> the bucket of its candidate
+        for bucket in self.buckets.values():
+            for c in bucket.by_key:
+                for w in c[3]:
+                    self.where[w] = bucket
 
-    ops: list[Op] = []
-    for _ in range(sum(s.degree for s in slots)):
-        if limit is not None and len(ops) >= limit:
-            break
-        if goal is not None and counts == goal:
-            break
-        k_cap, k_large = _capacities_of(counts, capacity, settings)
-        if any(_signal(k_cap, k_large, w, settings)[0] != direction for w in loads):
-            break
-        live = [(b, c) for b, c in buckets.items() if c.alive]
-        if not splitting:
+    def run(
+        self,
+        loads: Sequence[WindowObservation],
+        capacity: CapacityProfile,
+        *,
+        target: Composition | None,
+        limit: int | None,
+    ) -> tuple[list[Op], Composition]:
+        goal = Counter(target.degrees) if target is not None else None
+        ops: list[Op] = []
+        for _ in range(self.gpus):
+            if limit is not None and len(ops) >= limit:
+                break
+            if goal is not None and self.counts == goal:
+                break
+            chosen = self._choose(loads, capacity)
+            if chosen is None:
+                break
+            ops.append(self._take(chosen))
+        return ops, Composition(tuple(d for d, n in self.counts.items() for _ in range(n)))
+
+    def _choose(self, loads: Sequence[WindowObservation], capacity: CapacityProfile) -> _Cand | None:
+        """The next operation, if every load still asks for the walk's direction here."""
+        k_cap, k_large = _capacities_of(self.counts, capacity, self.settings)
+        if any(_signal(k_cap, k_large, w, self.settings)[0] != self.direction for w in loads):
+            return None
+        live = [(b, c) for b, c in self.buckets.items() if c.alive]
+        if not self.splitting:
             ok = {
-                d: _merge_admitted(k_cap, k_large, d, loads, capacity, settings)
+                d: _merge_admitted(k_cap, k_large, d, loads, capacity, self.settings)
                 for d in {b[1] for b, _ in live}
             }
             live = [(b, c) for b, c in live if ok[b[1]]]
         pool = [c for b, c in live if b[0]] or [c for _, c in live]
         if not pool:
-            break
-        cut = min(c.shortest() for c in pool) + settings.drain_tie_s
-        chosen = min((c for c in (r.best(cut) for r in pool) if c is not None), key=_rank_of)
+            return None
+        cut = min(c.shortest() for c in pool) + self.settings.drain_tie_s
+        return min((c for c in (r.best(cut) for r in pool) if c is not None), key=_rank_of)
+
+    def _take(self, chosen: _Cand) -> Op:
+        """Carry out ``chosen`` on the walk's layout and update the candidates."""
         members = chosen[3]
-        op = Split(members[0]) if splitting else Merge((members[0], members[1]))
-        ops.append(op)
-        gone = [by_id.pop(w) for w in members]
+        op: Op = Split(members[0]) if self.splitting else Merge((members[0], members[1]))
+        gone = [self.by_id.pop(w) for w in members]
         for g in gone:
-            where.pop(g.worker).alive.pop(chosen[2], None)
-            del at[(g.domain, g.offset)]
+            self.where.pop(g.worker).alive.pop(chosen[2], None)
+            del self.at[(g.domain, g.offset)]
+        counts = self.counts
         d = gone[0].degree
         counts[d] -= len(gone)
         if not counts[d]:
             del counts[d]
         if isinstance(op, Split):
-            g = gone[0]
-            ids = fresh(2)
-            made = [
-                Slot(ids[0], d // 2, g.domain, g.offset),
-                Slot(ids[1], d // 2, g.domain, g.offset + d // 2),
-            ]
+            made = list(split_slot(gone[0], self._fresh(2)))
         else:
-            lo = gone[0] if gone[0].offset < gone[1].offset else gone[1]
-            made = [Slot(fresh(1)[0], 2 * d, lo.domain, lo.offset)]
+            made = [merge_slots(gone[0], gone[1], self._fresh(1)[0])]
         for m in made:
-            by_id[m.worker] = m
-            at[(m.domain, m.offset)] = m
+            self.by_id[m.worker] = m
+            self.at[(m.domain, m.offset)] = m
             counts[m.degree] = counts.get(m.degree, 0) + 1
         for m in made:
-            ms = candidate_of(m)
+            ms = self.candidate_of(m)
             if ms is not None:
                 b = (False, m.degree)  # on a worker still to be created
-                if b not in buckets:
-                    buckets[b] = _Ranked([])
-                buckets[b].add(_candidate(ms, by_worker))
+                if b not in self.buckets:
+                    self.buckets[b] = _Ranked([])
+                self.buckets[b].add(_candidate(ms, self.by_worker))
                 for w in ms:
-                    where[w] = buckets[b]
-    return ops, Composition(tuple(d for d, n in counts.items() for _ in range(n)))
+                    self.where[w] = self.buckets[b]
+        return op
 
 
 def plan_target(
@@ -895,7 +927,7 @@ def plan_target(
     if admitted for every load), until the rules stop asking or no operation
     remains. This is the target of a multi-step transition.
     """
-    return _walk(layout, (), loads, direction, capacity, settings, ())[1]
+    return walk(layout, (), loads, direction, capacity, settings, ())[1]
 
 
 def _startable(
@@ -974,9 +1006,9 @@ def step(
     ``mix_margin`` clear of a split back, instead of flapping around it.
     With ``mix_evidence``, a change that reads the long share is confirmed
     only once the streak's windows hold ⌈1/(4·``mix_margin``²)⌉ long requests
-    (:func:`_min_long_requests`; thin windows make the streak longer), and
+    (:func:`min_long_requests`; thin windows make the streak longer), and
     its target is planned with the streak's pooled long share
-    (:func:`_pooled`); a split for u > ``upper`` is not held back.
+    (:func:`pooled_share`); a split for u > ``upper`` is not held back.
     While a transition is in
     progress (``obs.reconfiguring`` or uncommitted operations) the
     controller only keeps its streaks at zero.
@@ -993,19 +1025,61 @@ def step(
     if state.target is not None or state.plan:
         # A transition nobody advanced (an executor without :func:`advance`): over.
         state = replace(state, target=None, plan=())
-
     k_cap, k_large = _capacities((s.degree for s in state.layout.slots), capacity, settings)
+    want, reason = _wanted(state.layout, obs, k_cap, k_large, capacity, settings)
+    new, confirmed, gated = _confirm(state, obs, want, k_cap, settings)
+    if not confirmed or want is None:
+        return new, ()
+    ops, target, loads, why = _decide(state, new.confirming, obs, want, reason, gated, capacity, settings)
+    if not ops:
+        return new, ()  # not every confirming window admits the first step yet
+    ops = tuple(replace(op, reason=why) for op in ops)
+    new = replace(
+        new,
+        split_streak=0,
+        merge_streak=0,
+        confirming=(),
+        pending=ops,
+        momentum=want,
+        target=target if settings.multi_step else None,
+        plan=loads if settings.multi_step else (),
+        history=state.history + (why,),
+    )
+    return new, ops
+
+
+def _wanted(
+    layout: Layout,
+    obs: WindowObservation,
+    k_cap: float,
+    k_large: float,
+    capacity: CapacityProfile,
+    settings: PlannerSettings,
+) -> tuple[str | None, str]:
+    """What this window asks for (``"split"``, ``"merge"`` or None) and why, once the
+    topology and merge admission have had their say."""
     want, reason = _signal(k_cap, k_large, obs, settings)
     if want == "merge":
         allowed = set(settings.degrees)
         if not any(
             _merge_admitted(k_cap, k_large, a.degree, (obs,), capacity, settings)
-            for a, _ in buddy_pairs(state.layout, allowed)
+            for a, _ in buddy_pairs(layout, allowed)
         ):
             want = None  # capacity wins: the merged pool could not carry this demand
-    elif want == "split" and not eligible_splits(state.layout, settings):
+    elif want == "split" and not eligible_splits(layout, settings):
         want = None  # nothing left to split
+    return want, reason
 
+
+def _confirm(
+    state: ControllerState,
+    obs: WindowObservation,
+    want: str | None,
+    k_cap: float,
+    settings: PlannerSettings,
+) -> tuple[ControllerState, bool, bool]:
+    """Hysteresis: the state with this window added to the streaks, whether the change
+    ``want`` is confirmed now, and whether it reads the long share (``mix_evidence``)."""
     load = WindowObservation(
         obs.demand_s,
         obs.requests,
@@ -1026,14 +1100,14 @@ def step(
     if gated:
         # Keep the shortest suffix of the streak that holds persist_windows windows
         # and enough long requests; the change is confirmed only once it does.
-        n_min = _min_long_requests(settings)
+        n_min = min_long_requests(settings)
         window = (state.confirming + (load,))[-streak:]
         # Long requests are counted over the distinct time the windows cover
-        # (sliding windows overlap: each request once, :func:`_distinct`).
-        while len(window) > settings.persist_windows and _distinct(window[1:])[1] >= n_min:
+        # (sliding windows overlap: each request once, :func:`distinct_time`).
+        while len(window) > settings.persist_windows and distinct_time(window[1:])[1] >= n_min:
             window = window[1:]
         confirming = window
-        evidence = _distinct(window)[1] >= n_min
+        evidence = distinct_time(window)[1] >= n_min
     momentum = state.momentum if want == state.momentum else None
     new = replace(
         state,
@@ -1043,37 +1117,32 @@ def step(
         confirming=confirming,
     )
     needed = 1 if momentum is not None and settings.follow_through else settings.persist_windows
-    if want is None or streak < needed or not evidence:
-        return new, ()
+    return new, want is not None and streak >= needed and evidence, gated
+
+
+def _decide(
+    state: ControllerState,
+    confirming: tuple[WindowObservation, ...],
+    obs: WindowObservation,
+    want: str,
+    reason: str,
+    gated: bool,
+    capacity: CapacityProfile,
+    settings: PlannerSettings,
+) -> tuple[tuple[Op, ...], Composition, tuple[WindowObservation, ...], str]:
+    """A confirmed change: the operations to start now, the target, the loads the
+    transition is planned with, and why."""
     if settings.multi_step:
-        loads = _pooled(confirming) if gated else confirming
-        walk, target = _walk(
+        loads = pooled_share(confirming) if gated else confirming
+        path, target = walk(
             state.layout, (), loads, want, capacity, settings, obs.workers, limit=settings.max_walk
         )
-        ops = _startable(walk, state.layout, (), loads, capacity, settings)
-        why = f"{reason}; target {target}"
-    else:
-        loads = _pooled(confirming) if gated else (load,)
-        walk, target = _walk(
-            state.layout, (), loads, want, capacity, settings, obs.workers, limit=1
+        return _startable(path, state.layout, (), loads, capacity, settings), target, loads, (
+            f"{reason}; target {target}"
         )
-        ops = tuple(walk)
-        why = reason
-    if not ops:
-        return new, ()  # not every confirming window admits the first step yet
-    ops = tuple(replace(op, reason=why) for op in ops)
-    new = replace(
-        new,
-        split_streak=0,
-        merge_streak=0,
-        confirming=(),
-        pending=ops,
-        momentum=want,
-        target=target if settings.multi_step else None,
-        plan=loads if settings.multi_step else (),
-        history=state.history + (why,),
-    )
-    return new, ops
+    loads = pooled_share(confirming) if gated else confirming[-1:]
+    path, target = walk(state.layout, (), loads, want, capacity, settings, obs.workers, limit=1)
+    return tuple(path), target, loads, reason
 
 
 def advance(
@@ -1094,7 +1163,7 @@ def advance(
     """
     if not state.plan or state.momentum is None:
         return state, ()
-    walk, target = _walk(
+    path, target = walk(
         state.layout,
         state.pending,
         state.plan,
@@ -1105,7 +1174,7 @@ def advance(
         limit=settings.max_walk,
     )
     state = replace(state, target=target)
-    ops = _startable(walk, state.layout, state.pending, state.plan, capacity, settings)
+    ops = _startable(path, state.layout, state.pending, state.plan, capacity, settings)
     if not ops:
         if not state.pending:
             return replace(state, target=None, plan=()), ()

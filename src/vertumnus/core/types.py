@@ -5,10 +5,11 @@ The vocabulary, explained once and used everywhere:
 - **request**: one prefill job. ``length`` is its input length L in tokens;
   ``block_keys`` is its prefix block sequence h_1..h_n.
 - **block**: a fixed-size run of ``block_size`` tokens whose KV can be cached
-  and reused. A block is identified by a **chained key**: the key of block k
-  depends on its own content hash and on the key of block k-1, so equal keys
-  mean equal prefixes (as in vLLM's and SGLang's block hashing). The last
-  block of a request may be partial.
+  and reused. A block is identified by a **chained key**
+  (:mod:`vertumnus.core.keys`): the key of block k depends on its own content
+  hash and on the key of block k-1, so equal keys mean equal prefixes (as in
+  vLLM's and SGLang's block hashing). The last block of a request may be
+  partial.
 - **worker**: a persistent context-parallel (CP) worker of **degree** C: C
   ranks, one GPU each.
 - **composition**: the multiset of worker degrees of a pool, written like
@@ -19,41 +20,15 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-
-_MASK64 = (1 << 64) - 1
-
-
-def _mix64(x: int) -> int:
-    """SplitMix64 finalizer: a cheap, well-spread, platform-independent hash."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def chain_block_hashes(block_hashes: Iterable[int]) -> tuple[int, ...]:
-    """Turn per-block content hashes into chained prefix keys.
-
-    Key k identifies the whole prefix h_1..h_k, so two requests share a cached
-    block only if they share everything before it too. Deterministic across
-    processes and platforms (no use of Python's ``hash``), so keys can be
-    stored in an external trie store.
-    """
-    keys = []
-    prev = 0
-    for h in block_hashes:
-        prev = _mix64(prev ^ _mix64(h & _MASK64))
-        keys.append(prev)
-    return tuple(keys)
 
 
 @dataclass(frozen=True, slots=True)
 class Request:
     """One prefill request.
 
-    ``block_keys`` are chained keys (see :func:`chain_block_hashes`), one per
+    ``block_keys`` are chained keys (:mod:`vertumnus.core.keys`), one per
     block of ``block_size`` tokens covering the input, the last possibly
     partial. ``arrival_s`` is seconds from the start of the trace.
     """

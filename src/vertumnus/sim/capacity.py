@@ -27,9 +27,10 @@ does, with rising load on a single worker:
 window length; the controller multiplies by H.
 
 This module is a shell (file I/O): the result lives next to the prefill-time
-profile as ``<profile>.capacity.json``. Regenerate it with::
+profile as ``<profile>.capacity.json`` (read with
+:func:`vertumnus.profiles.load_capacity`). Regenerate it with::
 
-    python -m vertumnus.sim.capacity [--trace PATH] [--out PATH]
+    python -m vertumnus.sim.capacity --trace ../shared/traces/mooncake/conversation_trace.jsonl [--out PATH]
 """
 
 from __future__ import annotations
@@ -38,56 +39,29 @@ import argparse
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from vertumnus.core.costmodel import PrefillModel
+from vertumnus.core.decision import RouteDecision
 from vertumnus.core.metrics import SloRule, summarize
-from vertumnus.core.planner import CapacityProfile
 from vertumnus.core.policies.vertumnus import CostModelPolicy
 from vertumnus.core.types import Composition, Request
-from vertumnus.sim.engine import PoolConfig, Simulation, SimWorker
+from vertumnus.sim.engine import PoolConfig, Simulation
 
 DEFAULT_LOADS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1)
 
 
-def _capacity_file(profile_name: str) -> Any:
-    return (
-        resources.files("vertumnus.data")
-        / "profiles"
-        / (profile_name.replace("/", "_") + ".capacity.json")
-    )
-
-
-def load_capacity(profile_name: str) -> CapacityProfile:
-    """The bundled κ profile for a prefill-time profile name (``qwen3-30b-a3b/h200``)."""
-    res = _capacity_file(profile_name)
-    if not res.is_file():
-        raise ValueError(
-            f"no capacity profile for {profile_name!r}; run `python -m vertumnus.sim.capacity`"
-        )
-    return capacity_from_dict(json.loads(res.read_text()))
-
-
-def capacity_from_dict(data: dict[str, Any]) -> CapacityProfile:
-    try:
-        kappa = {int(k): float(v) for k, v in data["kappa_per_s"].items()}
-        return CapacityProfile(kappa, float(data.get("target_attainment", 0.9)))
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"malformed capacity profile ({e})") from None
-
-
 def _window_demand(
     demand: dict[int, float], window_s: float
-) -> Callable[[Request, SimWorker, float], None]:
+) -> Callable[[Request, RouteDecision, bool], None]:
     """A placement listener adding each request's Ê to its arrival window's demand."""
 
-    def add(request: Request, worker: SimWorker, estimate: float) -> None:
+    def add(request: Request, decision: RouteDecision, first: bool) -> None:
         k = int(request.arrival_s // window_s)
-        demand[k] = demand.get(k, 0.0) + estimate
+        demand[k] = demand.get(k, 0.0) + decision.estimate_s
 
     return add
 
@@ -173,29 +147,46 @@ def profile_capacity(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from vertumnus.profiles import DEFAULT_PROFILE, load_model
+    from vertumnus.profiles import DEFAULT_PROFILE, capacity_file, load_model
     from vertumnus.sim.traces import load_mooncake
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default=DEFAULT_PROFILE)
-    ap.add_argument("--trace", default="/work/shared/traces/mooncake/conversation_trace.jsonl")
+    ap.add_argument(
+        "--trace",
+        required=True,
+        help="Mooncake JSONL trace to profile with (the bundled file used the public "
+        "conversation_trace.jsonl)",
+    )
     ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument(
+        "--length-scale",
+        type=float,
+        default=1.0,
+        help="scale prompt lengths by this (with --block-size scaled alike, the prefix structure "
+        "stays the same: 1/32 and 16 turn 512-token trace blocks into a tiny model's 16-token ones)",
+    )
+    ap.add_argument("--block-size", type=int, default=None, help="tokens per block after scaling")
     ap.add_argument("--window", type=float, default=30.0)
     ap.add_argument("--target", type=float, default=0.9)
     ap.add_argument("--out", default=None, help="default: next to the bundled profile")
     args = ap.parse_args(argv)
     model = load_model(args.profile)
     trace = load_mooncake(args.trace)
-    reqs = trace.requests[: args.requests]
+    reqs = list(trace.requests[: args.requests])
+    block_size = args.block_size or trace.block_size
+    if args.length_scale != 1.0:
+        reqs = [replace(r, length=max(1, round(r.length * args.length_scale))) for r in reqs]
     data = profile_capacity(
         model,
         reqs,
-        trace.block_size,
+        block_size,
         window_s=args.window,
         target=args.target,
-        workload=f"{Path(args.trace).name}, first {len(reqs)} requests",
+        workload=f"{Path(args.trace).name}, first {len(reqs)} requests"
+        + (f", lengths x {args.length_scale:g}, {block_size}-token blocks" if args.length_scale != 1.0 else ""),
     )
-    out = Path(args.out) if args.out else Path(str(_capacity_file(model.name)))
+    out = Path(args.out) if args.out else Path(str(capacity_file(model.name)))
     out.write_text(json.dumps(data, indent=2) + "\n")
     print(f"wrote {out}: kappa_per_s = {data['kappa_per_s']}")
     return 0

@@ -1,43 +1,40 @@
-"""The discrete-event simulator: a shell that runs the policy core on a trace.
+"""The discrete-event simulator: an event loop over the routing core, in simulated time.
 
 A simulated pool is a set of workers, each a FIFO queue served by the
 prefill-time model E_C (one prefill at a time per worker — a CP worker
-spends all its ranks on one long prefill). The shell does what the router
-does in a real deployment, with simulated time instead of a clock:
+spends all its ranks on one long prefill) with an LRU prefix cache
+(:class:`~vertumnus.core.blockcache.BlockCache`). Every placement decision
+and its bookkeeping belong to the routing core
+(:class:`~vertumnus.core.routing.RoutingCore`), the same code the router
+runs; this module only plays the workers and the clock:
 
-1. on arrival, refresh every worker's outstanding work q_w, ask the policy
-   for a worker, **reserve** Ê there at once, queue the request;
-2. when a worker frees up, start its next request: the prefix actually cached
-   *now* (it may have changed since placement) sets R and P, the service time
-   is E_C(R, P), and the cached blocks are touched;
-3. on completion, the request's blocks enter the worker's LRU cache, the
-   resulting cache events update the global prefix trie, and
-   TTFT = finish − arrival + T_ext is recorded.
+1. on arrival, :meth:`RoutingCore.schedule` at ``now`` (q_w refreshed, the
+   policy decides, Ê reserved) and the request joins the worker's queue;
+2. when a worker frees up it starts its next request: the prefix actually
+   cached *now* (it may have changed since placement) sets R and P, any
+   pending blocks the decision asked to copy first are copied
+   (``PoolConfig.reconcile_bandwidth_Bps``), the service time is E_C(R, P)
+   and the cached blocks are touched; the core hears ``started``;
+3. on completion the request's blocks enter the worker's cache, the cache
+   events go to the core (the global prefix index), TTFT = finish − arrival
+   + T_ext is recorded and the core hears ``finished``.
 
-Policies see the pool through :class:`PoolView` (workers, model, exact
-matched prefixes from the trie). Anything else — a controller window, a
-cache-manager scan — is a callback scheduled with :meth:`Simulation.at`.
-Time is a float in seconds; ties are broken by scheduling order, so runs are
-deterministic.
+Anything else — a controller window, a cache-manager scan, a transition's
+steps — is a callback scheduled with :meth:`Simulation.at`. Time is a float
+in seconds; ties are broken by scheduling order, so runs are deterministic.
 
 **Changing the pool while it runs** (the executor in
-:mod:`vertumnus.sim.reconfig` drives these; design.md section 5):
-
-- :meth:`Simulation.drain` takes workers out of the candidate set, re-places
-  their queued requests through the policy (arrival time kept, so their TTFT
-  includes the detour) and calls back once their running prefill is done;
-- :meth:`Simulation.remove_worker` / :meth:`Simulation.add_worker` change the
-  membership; :meth:`Simulation.commit_epoch` bumps the configuration epoch,
-  records the composition, releases arrivals that were **held** because no
-  worker was available, and tells membership listeners (the cache manager);
-- a worker's cached blocks may be **pending** reconciliation (its geometry
-  changed under them): the first request that reuses one first copies the
-  missing part of the block's KV at ``reconcile_bandwidth_Bps``, and the
-  prefix only counts as cached once that copy is done. A pending block whose
-  copy source is gone is dropped and its part of the prefix is recomputed.
+:mod:`vertumnus.sim.reconfig` drives these from the core's transition
+actions; design.md section 5): :meth:`Simulation.drain` takes workers out of
+the candidate set, places their queued requests again (arrival time kept, so
+their TTFT includes the detour) and calls back once their running prefill is
+done; :meth:`Simulation.remove_workers` / :meth:`Simulation.add_worker`
+change the membership; :meth:`Simulation.commit_epoch` records the
+composition and releases arrivals that were **held** because no worker was
+available.
 
 Invariant: every request is completed exactly once or rejected (no worker of
-the pool could ever hold it); re-placement and holding never lose one.
+the pool could ever hold it); placing again and holding never lose one.
 """
 
 from __future__ import annotations
@@ -45,17 +42,20 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vertumnus.core.blockcache import BlockCache, CacheDelta
 from vertumnus.core.costmodel import PrefillModel
+from vertumnus.core.decision import RouteDecision
 from vertumnus.core.metrics import Completion, SloRule
-from vertumnus.core.placement import WorkerState
 from vertumnus.core.policies.base import Policy
-from vertumnus.core.trie import PrefixTrie
+from vertumnus.core.routing import Invalidation, RoutingCore
 from vertumnus.core.types import Composition, Request, cached_tokens
+
+if TYPE_CHECKING:
+    from vertumnus.core.cachemanager import CacheManager
 
 
 @dataclass(frozen=True)
@@ -102,47 +102,26 @@ class PoolConfig:
 @dataclass(slots=True)
 class Job:
     request: Request
-    estimate_s: float
-    """Ê reserved at placement."""
-    preferred_degree: int
+    decision: RouteDecision
     placed_s: float
 
 
 @dataclass(eq=False)
 class SimWorker:
-    state: WorkerState
+    id: int
+    degree: int
     cache: BlockCache
     queue: deque[Job] = field(default_factory=deque)
     running: Job | None = None
     finish_s: float = 0.0
     busy_s: float = 0.0
-    queued_estimate_s: float = 0.0
-    """Σ Ê of the queued jobs; q_w = this + the running job's remaining time."""
     epoch: int = 0
     """Configuration epoch the worker was created under."""
-    pending: dict[int, int] = field(default_factory=dict)
-    """Cached block key → worker whose ranks hold the rest of its KV
-    (:data:`OWN_RANKS` when this worker's own ranks do), for blocks whose
-    geometry changed and that are not yet reconciled."""
-    reused_blocks: float = 0.0
-    """Cached blocks reused here; the controller shell decays it per window."""
-
-    @property
-    def id(self) -> int:
-        return self.state.id
-
-    @property
-    def degree(self) -> int:
-        return self.state.degree
-
-
-OWN_RANKS = -1
-"""``SimWorker.pending`` source meaning: the missing KV is on this worker's own ranks."""
 
 
 @dataclass(frozen=True, slots=True)
 class Reconciliation:
-    """A pending prefix reconciled (or found invalid) when a request first reused it."""
+    """Pending blocks copied (or found invalid) before a prefill that reused them."""
 
     t_s: float
     request_id: int
@@ -168,65 +147,66 @@ class SimResult:
     """(time, composition) at the start and after every reconfiguration."""
 
 
-class Simulation:
-    """One run of one policy over one pool. Implements ``PoolView`` for the policy."""
+PlacementListener = Callable[[Request, RouteDecision, bool], None]
+"""``fn(request, decision, first)``: ``first`` is False for a request placed again."""
 
-    def __init__(self, pool: PoolConfig, policy: Policy) -> None:
+
+class Simulation:
+    """One run of one policy over one pool; ``core`` is its routing core (the policy's view)."""
+
+    def __init__(
+        self,
+        pool: PoolConfig,
+        policy: Policy,
+        *,
+        cache_manager: CacheManager | None = None,
+        worker_ids: Sequence[int] | None = None,
+    ) -> None:
         self.pool = pool
         self.policy = policy
+        self.core = RoutingCore(policy, pool.model, pool.block_size, cache_manager=cache_manager)
         self.now = 0.0
-        self.trie = PrefixTrie()
         self.completions: list[Completion] = []
         self.rejected: list[int] = []
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
-        self._ids = itertools.count()
         self._by_id: dict[int, SimWorker] = {}
-        self._states: list[WorkerState] = []
         self.slo_degree = max(pool.model.degrees)
-        self.epoch = 0
+        self.epoch = 1
         self.reconfigurations = 0
         self.composition_timeline: list[tuple[float, str]] = [(0.0, str(pool.composition))]
         self.reconciliations: list[Reconciliation] = []
+        self.invalidations: list[tuple[float, int, int]] = []
+        """(time, worker, blocks dropped) each time pending blocks lost their only
+        source (a miss for whoever reuses them next)."""
         self.membership_listeners: list[Callable[[list[int], list[int]], None]] = []
         """Called as ``fn(removed_ids, added_ids)`` at every epoch commit."""
-        self.placement_listeners: list[Callable[[Request, SimWorker, float], None]] = []
-        """Called as ``fn(request, worker, Ê)`` after every placement, re-placements
-        of drained requests included (a listener that counts arrivals dedupes by id)."""
+        self.placement_listeners: list[PlacementListener] = []
+        """Called after every placement, placements again of drained requests included."""
+        self.start_listeners: list[Callable[[int, Request, int], None]] = []
+        """Called as ``fn(worker, request, reused_blocks)`` when a prefill starts."""
         self.attachments: dict[str, Any] = {}
         """Shell components riding on this run (controller, executor, cache manager)."""
-        self._held: deque[Request] = deque()
+        self._held: deque[tuple[Request, bool]] = deque()
         self._retired: list[SimWorker] = []
         self._drain_waits: list[tuple[set[int], Callable[[], None]]] = []
-        for degree in pool.composition.degrees:
-            self.add_worker(degree)
+        ids = list(worker_ids) if worker_ids is not None else list(range(pool.composition.workers))
+        if len(ids) != pool.composition.workers:
+            raise ValueError(f"{len(ids)} worker ids for {pool.composition.workers} workers")
+        for wid, degree in zip(ids, pool.composition.degrees, strict=True):
+            self.add_worker(wid, degree)
 
-    # -- PoolView --------------------------------------------------------------
-
-    @property
-    def workers(self) -> Sequence[WorkerState]:
-        return self._states
+    # -- pool membership -------------------------------------------------------
 
     @property
     def model(self) -> PrefillModel:
         return self.pool.model
 
-    @property
-    def block_size(self) -> int:
-        return self.pool.block_size
-
-    def matched_blocks(self, request: Request) -> Mapping[int, int]:
-        return self.trie.matched_blocks(request.block_keys)
-
-    # -- pool membership -------------------------------------------------------
-
-    def add_worker(self, degree: int, cache: BlockCache | None = None) -> SimWorker:
-        wid = next(self._ids)
+    def add_worker(self, wid: int, degree: int, cache: BlockCache | None = None) -> SimWorker:
         capacity = self.pool.cache_blocks_per_gpu * degree
-        state = WorkerState(id=wid, degree=degree, cache_capacity_blocks=capacity)
-        worker = SimWorker(state=state, cache=cache if cache is not None else BlockCache(capacity))
+        self.core.add_worker(wid, degree, capacity)
+        worker = SimWorker(wid, degree, cache if cache is not None else BlockCache(capacity))
         self._by_id[wid] = worker
-        self._states.append(state)
         return worker
 
     def worker(self, wid: int) -> SimWorker:
@@ -243,36 +223,48 @@ class Simulation:
         """The degrees of the workers in the pool now (available or not)."""
         return Composition(tuple(w.degree for w in self._by_id.values()))
 
-    def remove_worker(self, wid: int) -> None:
-        """Take an idle, empty worker out of the pool and forget its cache metadata."""
-        worker = self._by_id[wid]
-        if worker.running is not None or worker.queue:
-            raise RuntimeError(f"worker {wid} still has work; drain it first")
-        del self._by_id[wid]
-        self._states.remove(worker.state)
-        self._retired.append(worker)
-        self.trie.drop_worker(wid)
+    def remove_workers(self, wids: Sequence[int]) -> None:
+        """Take idle, empty workers out of the pool; their blocks leave the index, and
+        blocks elsewhere that only they could reconcile are dropped there."""
+        workers = [self._by_id[w] for w in wids]
+        for worker in workers:
+            if worker.running is not None or worker.queue:
+                raise RuntimeError(f"worker {worker.id} still has work; drain it first")
+        removal = self.core.remove_workers(wids)
+        for worker in workers:
+            del self._by_id[worker.id]
+            self._retired.append(worker)
+        for inv in removal.invalidations:
+            self._invalidate(inv)
+
+    def _invalidate(self, inv: Invalidation) -> None:
+        worker = self._by_id[inv.worker]
+        dropped = 0
+        for key in inv.keys:
+            if key in worker.cache:
+                delta = worker.cache.remove_subtree(key)
+                dropped += len(delta.removed)
+                self.apply_cache_delta(worker, delta)
+        if dropped:
+            self.invalidations.append((self.now, worker.id, dropped))
 
     # -- reconfiguration -------------------------------------------------------
 
     def drain(self, wids: Iterable[int], on_drained: Callable[[], None]) -> None:
-        """Stop admitting at ``wids``, re-place their queue, call back when they are idle.
+        """Stop admitting at ``wids``, place their queue again, call back when they are idle.
 
         In-flight prefills finish where they are (under the old geometry).
-        Re-placed requests keep their arrival time; if no other worker can
-        take one right now it is held until the next epoch commit.
+        Requests placed again keep their arrival time; one that no other
+        worker can take right now is held until the next epoch commit.
         """
         members = [self._by_id[w] for w in wids]
-        for w in members:
-            w.state.available = False
+        self.core.set_available((w.id for w in members), False)
         for w in members:
             jobs = list(w.queue)
             w.queue.clear()
-            w.queued_estimate_s = 0.0
-            w.state.queued = 0
-            for job in jobs:
-                if not self.submit(job.request):
-                    self._held.append(job.request)
+            for req in self.core.withdraw(w.id, [j.request.id for j in jobs]):
+                if not self.submit(req, first=False):
+                    self._held.append((req, False))
         busy = {w.id for w in members if w.running is not None}
         if busy:
             self._drain_waits.append((busy, on_drained))
@@ -293,15 +285,15 @@ class Simulation:
     def release_held(self) -> None:
         """Place arrivals held while no worker could take them."""
         held, self._held = self._held, deque()
-        for req in held:
-            if not self.submit(req):
+        for req, first in held:
+            if not self.submit(req, first):
                 if self._reconfiguring():
-                    self._held.append(req)
+                    self._held.append((req, first))
                 else:
                     self.rejected.append(req.id)
 
     def _reconfiguring(self) -> bool:
-        return any(not s.available for s in self._states)
+        return any(not s.available for s in self.core.workers)
 
     # -- event scheduling ------------------------------------------------------
 
@@ -311,84 +303,62 @@ class Simulation:
 
     # -- request flow ----------------------------------------------------------
 
-    def refresh_outstanding(self) -> None:
-        """q_w = queued Ê + the running prefill's remaining time, at ``now``."""
-        now = self.now
-        for w in self._by_id.values():
-            rest = w.finish_s - now if w.running is not None and w.finish_s > now else 0.0
-            w.state.outstanding_s = w.queued_estimate_s + rest
-
-    def submit(self, request: Request) -> bool:
-        """Place ``request`` (a new arrival or a re-placed one); False if no worker can take it."""
-        self.refresh_outstanding()
-        decision = self.policy.decide(request, self)
+    def submit(self, request: Request, first: bool = True) -> bool:
+        """Place ``request`` (a new arrival, or ``first=False`` a request placed again);
+        False if no worker can take it now."""
+        decision = self.core.schedule(request, self.now)
         if decision is None:
             return False
         worker = self._by_id[decision.worker]
-        if not worker.state.available:
-            raise RuntimeError(f"policy {self.policy.name} chose unavailable worker {worker.id}")
-        estimate = decision.estimate_s
-        if estimate is None:
-            matched = self.trie.matched_blocks(request.block_keys).get(worker.id, 0)
-            p = cached_tokens(matched, request.length, self.pool.block_size)
-            estimate = self.pool.model.predict(worker.degree, request.length - p, p)
-        self.enqueue(worker, Job(request, estimate, decision.preferred_degree, self.now))
-        self.policy.observe_placed(request, worker.id, self)
-        for fn in self.placement_listeners:
-            fn(request, worker, estimate)
-        return True
-
-    def enqueue(self, worker: SimWorker, job: Job) -> None:
-        worker.queue.append(job)
-        worker.queued_estimate_s += job.estimate_s
-        worker.state.queued += 1
-        worker.state.outstanding_s += job.estimate_s
+        worker.queue.append(Job(request, decision, self.now))
         if worker.running is None:
             self._start_next(worker)
+        for fn in self.placement_listeners:
+            fn(request, decision, first)
+        return True
 
     def _start_next(self, worker: SimWorker) -> None:
         if worker.running is not None or not worker.queue:
             return
         job = worker.queue.popleft()
-        worker.queued_estimate_s -= job.estimate_s
-        worker.state.queued -= 1
         req = job.request
         matched = worker.cache.match(req.block_keys)
         transfer = 0.0
-        if worker.pending and matched:
-            matched, transfer = self._reconcile(worker, req, matched)
+        if job.decision.copies and matched:
+            matched, transfer = self._copy_pending(worker, job, matched)
         worker.cache.touch(req.block_keys, matched)
-        worker.reused_blocks += matched
+        for fn in self.start_listeners:
+            fn(worker.id, req, matched)
         p = cached_tokens(matched, req.length, self.pool.block_size)
         service = transfer + self.pool.model.predict(worker.degree, req.length - p, p)
         worker.running = job
-        worker.state.running = 1
         worker.finish_s = self.now + service
         worker.busy_s += service
+        self.core.started(req.id, self.now, worker.finish_s)
         self.at(worker.finish_s, lambda: self._finish(worker, job, p))
 
-    def _reconcile(self, worker: SimWorker, req: Request, matched: int) -> tuple[int, float]:
-        """Install the pending blocks among the ``matched`` leading ones before they are used.
+    def _copy_pending(self, worker: SimWorker, job: Job, matched: int) -> tuple[int, float]:
+        """Carry out the decision's copies of pending blocks among the ``matched`` leading
+        ones; returns the blocks that may be reused and the copy time.
 
-        Returns the blocks that may actually be reused and the copy time. A
-        pending block whose source of KV left the pool cuts the reusable
-        prefix there; it and its descendants are dropped from the cache.
+        A copy whose source left the pool meanwhile cuts the reusable prefix at
+        its first block, which is dropped from the cache with its descendants.
         """
-        pending = worker.pending
-        keys = req.block_keys
+        keys = job.request.block_keys
+        position = {k: i for i, k in enumerate(keys[:matched])}
         copied = dropped = 0
-        for i in range(matched):
-            src = pending.get(keys[i])
-            if src is None:
-                continue
-            if src != OWN_RANKS and src not in self._by_id:
-                delta = worker.cache.remove_subtree(keys[i])
-                self.apply_cache_delta(worker, delta)
-                dropped = len(delta.removed)
-                matched = i
-                break
-            del pending[keys[i]]
-            copied += 1
+        for copy in job.decision.copies:
+            if copy.source != worker.id and copy.source not in self._by_id:
+                first = min((position[k] for k in copy.blocks if k in position), default=None)
+                if first is not None:
+                    delta = worker.cache.remove_subtree(keys[first])
+                    self.apply_cache_delta(worker, delta)
+                    dropped += len(delta.removed)
+                    matched = first
+                    position = {k: i for k, i in position.items() if i < first}
+        for copy in job.decision.copies:
+            if copy.source == worker.id or copy.source in self._by_id:
+                copied += sum(1 for k in copy.blocks if k in position)
         transfer = 0.0
         if copied:
             # Half of each block's KV is on the wrong ranks after a split or
@@ -397,14 +367,13 @@ class Simulation:
             transfer = self.pool.reconcile_latency_s + nbytes / self.pool.reconcile_bandwidth_Bps
         if copied or dropped:
             self.reconciliations.append(
-                Reconciliation(self.now, req.id, worker.id, copied, dropped, transfer)
+                Reconciliation(self.now, job.request.id, worker.id, copied, dropped, transfer)
             )
         return matched, transfer
 
     def _finish(self, worker: SimWorker, job: Job, cached: int) -> None:
         req = job.request
         worker.running = None
-        worker.state.running = 0
         self.apply_cache_delta(worker, worker.cache.insert(req.block_keys))
         self.completions.append(
             Completion(
@@ -418,8 +387,8 @@ class Simulation:
                 tau_s=self.pool.slo.tau(self.pool.model, req.length, self.slo_degree),
             )
         )
-        self.policy.observe_completed(req, worker.id)
-        if worker.state.available or worker.queue:
+        self.core.finished(req.id)
+        if self.core.worker(worker.id).available or worker.queue:
             self._start_next(worker)
         if worker.running is None and self._drain_waits:
             self._drained(worker)
@@ -434,11 +403,9 @@ class Simulation:
                 return
 
     def apply_cache_delta(self, worker: SimWorker, delta: CacheDelta) -> None:
-        self.trie.apply(worker.id, delta.stored, delta.removed)
-        worker.state.cache_used_blocks = len(worker.cache)
-        if worker.pending:
-            for key in delta.removed:
-                worker.pending.pop(key, None)
+        self.core.apply_cache_events(
+            worker.id, delta.stored, delta.removed, used_blocks=len(worker.cache)
+        )
 
     # -- main loop -------------------------------------------------------------
 
@@ -459,7 +426,7 @@ class Simulation:
                     # No candidate now: hold it if workers are mid-reconfiguration
                     # (they will be back), else no worker can ever take it.
                     if self._reconfiguring():
-                        self._held.append(nxt)
+                        self._held.append((nxt, True))
                     else:
                         self.rejected.append(nxt.id)
                 done += 1
@@ -473,7 +440,7 @@ class Simulation:
         if progress is not None:
             progress(done % 256)
         # Held requests can only remain if a reconfiguration never committed.
-        self.rejected.extend(r.id for r in self._held)
+        self.rejected.extend(r.id for r, _ in self._held)
         self._held.clear()
         span = self.now if self.now > 0 else 1.0
         return SimResult(

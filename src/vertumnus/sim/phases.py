@@ -52,8 +52,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from vertumnus.core.keys import mix64_array
 from vertumnus.core.types import Request
-from vertumnus.sim.traces import Trace, _mix64_np
+from vertumnus.sim.traces import Trace
 
 __all__ = ["Phase", "PhaseBoundary", "apply_phases", "parse_phases"]
 
@@ -147,8 +148,8 @@ def _salted(keys: tuple[int, ...], cycle: int) -> tuple[int, ...]:
     """Keys of ``cycle`` >= 1: a bijection per cycle keeps equal keys equal, distinct distinct."""
     if not keys:
         return keys
-    salt = _mix64_np(np.array([cycle], dtype=np.uint64))
-    return tuple(_mix64_np(np.array(keys, dtype=np.uint64) ^ salt).tolist())
+    salt = mix64_array(np.array([cycle], dtype=np.uint64))
+    return tuple(mix64_array(np.array(keys, dtype=np.uint64) ^ salt).tolist())
 
 
 def apply_phases(

@@ -10,22 +10,19 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from vertumnus.core.cachemanager import CacheManager
 from vertumnus.core.policies import peers
 from vertumnus.core.policies.base import Policy
 from vertumnus.core.policies.simple import CacheFirst, LeastWork, LengthOnly, RoundRobin
 from vertumnus.core.policies.vertumnus import CostModelPolicy
-from vertumnus.sim.cachesim import CacheManagedPolicy, attach_cache_manager
-from vertumnus.sim.engine import Simulation
+from vertumnus.sim.cachesim import attach_cache_manager
+from vertumnus.sim.engine import PoolConfig, Simulation
 from vertumnus.sim.reconfig import AdaptiveOptions, build_adaptive
+from vertumnus.sim.settings import PolicySpec, RunSettings
 from vertumnus.sim.traces import Trace
 
-if TYPE_CHECKING:
-    from vertumnus.sim.runner import PolicySpec, RunSettings
-
-Builder = Callable[["PolicySpec", Trace, "RunSettings"], Simulation]
+Builder = Callable[[PolicySpec, Trace, RunSettings], Simulation]
 
 
 @dataclass(frozen=True)
@@ -50,8 +47,11 @@ def _with_cache_manager(make_policy: Callable[[RunSettings], Policy]) -> Builder
 
     def build(spec: PolicySpec, trace: Trace, settings: RunSettings) -> Simulation:
         assert spec.composition is not None
-        policy = CacheManagedPolicy(CacheManager(), inner=make_policy(settings))
-        sim = Simulation(settings.pool(spec.composition, trace.block_size), policy)
+        sim = Simulation(
+            settings.pool(spec.composition, trace.block_size),
+            make_policy(settings),
+            cache_manager=CacheManager(),
+        )
         attach_cache_manager(sim)
         return sim
 
@@ -61,14 +61,18 @@ def _with_cache_manager(make_policy: Callable[[RunSettings], Policy]) -> Builder
 def _adaptive(spec: PolicySpec, trace: Trace, settings: RunSettings) -> Simulation:
     options = AdaptiveOptions(
         gpus=settings.gpus,
+        initial=spec.composition,
         control=settings.planner,
         placement=settings.placement,
         cache_blocks_per_gpu=settings.cache_blocks_per_gpu,
         t_ext_s=settings.t_ext_s,
         slo=settings.slo,
     )
-    policy = CacheManagedPolicy(CacheManager(), settings.placement, name="vertumnus-adaptive")
-    sim = build_adaptive(trace, settings.model, options, policy=policy)
+
+    def make_sim(pool: PoolConfig) -> Simulation:
+        return Simulation(pool, CostModelPolicy(settings.placement), cache_manager=CacheManager())
+
+    sim = build_adaptive(trace, settings.model, options, make_sim)
     attach_cache_manager(sim)
     return sim
 
@@ -86,7 +90,8 @@ KINDS: Mapping[str, Kind] = MappingProxyType({
     "vertumnus-nocm": Kind(_fixed(_cost_model), "cost-model placement, worker-local LRU caches only"),
     "vertumnus-adaptive": Kind(
         _adaptive,
-        "planner's initial composition, split/merge by window demand, cost model + cache manager",
+        "split/merge by window demand, cost model + cache manager; starts from the planner's "
+        "pick, or from KIND:COMPOSITION if given (of --gpus GPUs)",
         needs_composition=False,
     ),
     # simple baselines

@@ -10,62 +10,32 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
 
-from vertumnus.core.costmodel import PrefillModel
-from vertumnus.core.metrics import Completion, SloRule, load_imbalance, summarize
-from vertumnus.core.placement import PlacementParams
+from vertumnus.core.metrics import Completion, load_imbalance, summarize
 from vertumnus.core.planner import PlannerSettings
 from vertumnus.core.types import Composition
-from vertumnus.sim.engine import PoolConfig, SimResult
+from vertumnus.sim.engine import SimResult
+from vertumnus.sim.registry import KINDS
+from vertumnus.sim.settings import PolicySpec, RunSettings
 from vertumnus.sim.traces import Trace
 
-
-@dataclass(frozen=True)
-class RunSettings:
-    """Everything a simulated run needs besides the policy and the trace."""
-
-    model: PrefillModel
-    gpus: int = 40
-    """GPU budget of the pool; no composition may use more."""
-    cache_blocks_per_gpu: int = 1000
-    t_ext_s: float = 0.05
-    slo: SloRule = field(default_factory=SloRule)
-    placement: PlacementParams = field(default_factory=PlacementParams)
-    seed: int = 0
-    phases: tuple[tuple[float, float, str], ...] = ()
-    """(start_s, end_s, label) of workload phases, for per-phase metrics."""
-    planner: PlannerSettings = field(default_factory=PlannerSettings)
-    """The composition controller's settings, for ``vertumnus-adaptive``."""
-
-    def pool(self, composition: Composition, block_size: int) -> PoolConfig:
-        return PoolConfig(
-            composition=composition,
-            model=self.model,
-            block_size=block_size,
-            cache_blocks_per_gpu=self.cache_blocks_per_gpu,
-            t_ext_s=self.t_ext_s,
-            slo=self.slo,
-        )
-
-
-@dataclass(frozen=True)
-class PolicySpec:
-    kind: str
-    composition: Composition | None = None
-
-    @property
-    def label(self) -> str:
-        return self.kind if self.composition is None else f"{self.kind}:{self.composition}"
+__all__ = [
+    "PolicyRun",
+    "PolicySpec",
+    "RunSettings",
+    "parse_planner_settings",
+    "parse_policy_specs",
+    "phase_summaries",
+    "run_policy",
+]
 
 
 def parse_policy_specs(text: str, gpus: int) -> list[PolicySpec]:
     """Parse ``KIND[:COMPOSITION],...``; ValueError names the bad entry."""
-    from vertumnus.sim.registry import KINDS
-
     specs: list[PolicySpec] = []
     for entry in (e.strip() for e in text.split(",")):
         if not entry:
@@ -82,6 +52,14 @@ def parse_policy_specs(text: str, gpus: int) -> list[PolicySpec]:
                 raise ValueError(f"policy {entry!r}: {e}") from None
             if comp.gpus > gpus:
                 raise ValueError(f"policy {entry!r}: composition {comp} uses {comp.gpus} GPUs, more than --gpus {gpus}")
+            if not KINDS[kind].needs_composition and comp.gpus != gpus:
+                # An adaptive pool starts from the composition given (instead of
+                # the planner's pick) and keeps the whole budget.
+                raise ValueError(
+                    f"policy {entry!r}: {kind} starts from the composition given and "
+                    f"keeps all --gpus {gpus} GPUs, but {comp} uses {comp.gpus}; give a "
+                    f"{gpus}-GPU composition, or none to let the planner choose"
+                )
         elif KINDS[kind].needs_composition:
             raise ValueError(f"policy {kind!r} needs a composition, e.g. {kind}:4xCP4+3xCP8")
         spec = PolicySpec(kind, comp)
@@ -142,8 +120,6 @@ def run_policy(
     settings: RunSettings,
     progress: Callable[[int], None] | None = None,
 ) -> PolicyRun:
-    from vertumnus.sim.registry import KINDS
-
     sim = KINDS[spec.kind].build(spec, trace, settings)
     t0 = time.perf_counter()
     result = sim.run(trace.requests, progress)

@@ -56,8 +56,9 @@ from typing import Any
 
 import numpy as np
 
+from vertumnus.core.keys import chain_many
 from vertumnus.core.types import Request, cached_tokens
-from vertumnus.sim.traces import Trace, chain_many
+from vertumnus.sim.traces import Trace
 
 __all__ = ["PRESETS", "SyntheticConfig", "generate", "trace_stats"]
 

@@ -8,7 +8,7 @@ ends up as one:
 - :func:`load_mooncake` reads the Mooncake FAST'25 JSON Lines format
   (``timestamp`` in ms, ``input_length``, ``output_length``, ``hash_ids`` of
   512-token blocks). Its ``hash_ids`` are per-block content ids; we chain them
-  with :func:`~vertumnus.core.types.chain_block_hashes` so that a key names a
+  with :func:`~vertumnus.core.keys.chain_block_hashes` so that a key names a
   whole prefix, exactly like an engine's block hash.
 - :func:`load_azure` reads the Azure LLM inference trace 2023 CSV. That trace
   has no prefix information, so every request gets block keys of its own and
@@ -29,25 +29,22 @@ column was mangled, and re-sorting would hide that.
 from __future__ import annotations
 
 import csv
-import itertools
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TextIO
 
-import numpy as np
-
+from vertumnus.core.keys import chain_many
 from vertumnus.core.types import Request
 
 __all__ = [
     "MOONCAKE_BLOCK_SIZE",
     "Trace",
     "TraceError",
-    "chain_many",
     "load_azure",
     "load_mooncake",
     "load_trace",
@@ -57,7 +54,6 @@ __all__ = [
 #: Block size of the public Mooncake traces' ``hash_ids`` (tokens per block).
 MOONCAKE_BLOCK_SIZE = 512
 
-_MASK64 = (1 << 64) - 1
 
 
 class TraceError(ValueError):
@@ -156,76 +152,6 @@ class Trace:
         """Requests per second over :attr:`duration_s` (0 if the trace spans no time)."""
         d = self.duration_s
         return len(self.requests) / d if d > 0 else 0.0
-
-
-# --------------------------------------------------------------------------
-# Chained keys, vectorized.
-# --------------------------------------------------------------------------
-
-_C_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_C_MUL1 = np.uint64(0xBF58476D1CE4E5B9)
-_C_MUL2 = np.uint64(0x94D049BB133111EB)
-_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
-
-
-def _mix64_np(x: np.ndarray) -> np.ndarray:
-    """SplitMix64 finalizer on a uint64 array; bit-identical to core.types._mix64.
-
-    Array arithmetic on uint64 wraps modulo 2**64 without warnings, which is
-    exactly the ``& _MASK64`` the scalar version does.
-    """
-    x = x + _C_GOLDEN
-    x = (x ^ (x >> _S30)) * _C_MUL1
-    x = (x ^ (x >> _S27)) * _C_MUL2
-    return x ^ (x >> _S31)
-
-
-def chain_many(hash_lists: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
-    """``[chain_block_hashes(h) for h in hash_lists]``, about 10x faster.
-
-    The chain is sequential within a request, but independent across
-    requests, so we advance all requests one block position at a time with
-    numpy. The Mooncake conversation trace has ~290K blocks; the scalar
-    version spends half a second on them, this one a few tens of ms.
-    """
-    n = len(hash_lists)
-    if n == 0:
-        return []
-    lens = np.fromiter((len(h) for h in hash_lists), dtype=np.int64, count=n)
-    total = int(lens.sum())
-    flat_iter = itertools.chain.from_iterable(hash_lists)
-    try:
-        flat = np.fromiter(flat_iter, dtype=np.uint64, count=total)
-    except (OverflowError, ValueError):
-        # Negative or > 64-bit ids: reduce them as chain_block_hashes does.
-        flat = np.fromiter(
-            (h & _MASK64 for h in itertools.chain.from_iterable(hash_lists)),
-            dtype=np.uint64,
-            count=total,
-        )
-    mixed = _mix64_np(flat)
-    starts = np.zeros(n, dtype=np.int64)
-    np.cumsum(lens[:-1], out=starts[1:])
-    # Longest first, so the requests still active at position k are a prefix.
-    order = np.argsort(-lens, kind="stable")
-    sorted_lens = lens[order]
-    sorted_starts = starts[order]
-    prev = np.zeros(n, dtype=np.uint64)
-    keys = np.empty(total, dtype=np.uint64)
-    max_len = int(sorted_lens[0])
-    # active[k] = number of requests with more than k blocks.
-    active = np.searchsorted(-sorted_lens, -np.arange(max_len), side="left")
-    for k in range(max_len):
-        m = int(active[k])
-        pos = sorted_starts[:m] + k
-        cur = _mix64_np(prev[:m] ^ mixed[pos])
-        prev[:m] = cur
-        keys[pos] = cur
-    key_list = keys.tolist()
-    out: list[tuple[int, ...]] = []
-    for s, ln in zip(starts.tolist(), lens.tolist(), strict=True):
-        out.append(tuple(key_list[s : s + ln]))
-    return out
 
 
 # --------------------------------------------------------------------------

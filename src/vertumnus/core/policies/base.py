@@ -1,18 +1,28 @@
-"""The policy interface and the view of the pool a policy decides over."""
+"""The policy interface and the view of the pool a policy decides over.
+
+A policy is asked ``decide(request, pool)`` and answers with a
+:class:`~vertumnus.core.decision.RouteDecision` (or None: no worker can take
+the request now). The routing core (:mod:`vertumnus.core.routing`) then
+reserves the decision's Ê, and hands the same decision back to the policy's
+``observe_placed``; ``observe_completed`` follows once the request finished
+or left its worker. The simulator and the router drive policies only through
+the routing core, so both see exactly the same calls.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from vertumnus.core.costmodel import PrefillModel
+from vertumnus.core.decision import RouteDecision
 from vertumnus.core.placement import WorkerState, candidates
-from vertumnus.core.types import Request
+from vertumnus.core.store import TrieStore
+from vertumnus.core.types import Request, cached_tokens
 
 
 class PoolView(Protocol):
-    """What a policy may look at. Implemented by the simulator and the router."""
+    """What a policy may look at. Implemented by the routing core for the simulator and the router."""
 
     @property
     def workers(self) -> Sequence[WorkerState]: ...
@@ -23,19 +33,21 @@ class PoolView(Protocol):
     @property
     def block_size(self) -> int: ...
 
+    @property
+    def store(self) -> TrieStore:
+        """The global prefix index (cache events of every worker)."""
+        ...
+
+    def worker(self, worker_id: int) -> WorkerState: ...
+
     def matched_blocks(self, request: Request) -> Mapping[int, int]:
         """Exact leading blocks of ``request`` cached per worker (from cache events)."""
         ...
 
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    worker: int
-    preferred_degree: int = 0
-    """C_pref(i) when the policy computes one (0 = none); feeds the cache manager."""
-    estimate_s: float | None = None
-    """Ê the policy predicted at the chosen worker, to reserve there; None lets
-    the shell predict it from the exact cached prefix."""
+    def inflight_blocks(self, request: Request) -> Mapping[int, int]:
+        """Per worker, leading blocks of ``request`` that requests placed there and not
+        yet finished will have cached by the time it runs (:mod:`vertumnus.core.inflight`)."""
+        ...
 
 
 class Policy:
@@ -43,15 +55,39 @@ class Policy:
 
     name = "policy"
 
-    def decide(self, request: Request, pool: PoolView) -> Decision | None:
-        """The worker for ``request``, or None when no worker can take it now."""
+    def decide(self, request: Request, pool: PoolView) -> RouteDecision | None:
+        """Where ``request`` goes, or None when no worker can take it now."""
         raise NotImplementedError
 
-    def observe_placed(self, request: Request, worker: int, pool: PoolView) -> None:
-        """Called after ``request`` was queued at ``worker``."""
+    def observe_placed(self, request: Request, decision: RouteDecision, pool: PoolView) -> None:
+        """Called after ``request`` was placed as ``decision`` says (its Ê reserved)."""
 
     def observe_completed(self, request: Request, worker: int) -> None:
-        """Called when ``request`` finished its prefill at ``worker``."""
+        """Called when ``request`` finished its prefill at ``worker``, or left it
+        (failed, or withdrawn by a drain to be placed again)."""
+
+
+def decision_at(
+    request: Request,
+    worker_id: int,
+    pool: PoolView,
+    *,
+    preferred_degree: int = 0,
+    note: Any = None,
+) -> RouteDecision:
+    """The decision to place ``request`` at ``worker_id``, with Ê from the exact cached prefix.
+
+    For policies that pick a worker by a rule of their own (the baselines, the
+    peers): the shell reserves what the cost model predicts for the prefix the
+    worker really holds, whatever the policy believed about it.
+    """
+    worker = pool.worker(worker_id)
+    matched = pool.matched_blocks(request).get(worker_id, 0)
+    p = cached_tokens(matched, request.length, pool.block_size)
+    estimate = pool.model.predict(worker.degree, request.length - p, p)
+    return RouteDecision(
+        worker_id, estimate, p, preferred_degree, None, worker.outstanding_s, note
+    )
 
 
 def least_loaded(workers: Sequence[WorkerState]) -> WorkerState:

@@ -29,8 +29,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from vertumnus.core.decision import RouteDecision
 from vertumnus.core.placement import WorkerState
-from vertumnus.core.policies.base import Decision, Policy, PoolView, eligible
+from vertumnus.core.policies.base import Policy, PoolView, decision_at, eligible
 from vertumnus.core.types import Request
 
 
@@ -169,6 +170,6 @@ class ScoringPolicy(Policy):
                 totals[wid] += ws.weight * scores.get(wid, 0.0)
         return totals
 
-    def decide(self, request: Request, pool: PoolView) -> Decision | None:
+    def decide(self, request: Request, pool: PoolView) -> RouteDecision | None:
         totals = self.totals(request, pool)
-        return Decision(self.picker.pick(totals)) if totals else None
+        return decision_at(request, self.picker.pick(totals), pool) if totals else None

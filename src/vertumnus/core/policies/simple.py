@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from vertumnus.core.policies.base import Decision, Policy, PoolView, eligible, least_loaded
+from vertumnus.core.decision import RouteDecision
+from vertumnus.core.policies.base import Policy, PoolView, decision_at, eligible, least_loaded
 from vertumnus.core.types import Request
 
 
@@ -14,14 +15,14 @@ class RoundRobin(Policy):
     def __init__(self) -> None:
         self._next = 0
 
-    def decide(self, request: Request, pool: PoolView) -> Decision | None:
+    def decide(self, request: Request, pool: PoolView) -> RouteDecision | None:
         cands = sorted(eligible(request, pool), key=lambda w: w.id)
         if not cands:
             return None
         # The first eligible worker at or after the cursor, wrapping around.
         pick = next((w for w in cands if w.id >= self._next), cands[0])
         self._next = pick.id + 1
-        return Decision(pick.id)
+        return decision_at(request, pick.id, pool)
 
 
 class LeastWork(Policy):
@@ -29,9 +30,9 @@ class LeastWork(Policy):
 
     name = "least-work"
 
-    def decide(self, request: Request, pool: PoolView) -> Decision | None:
+    def decide(self, request: Request, pool: PoolView) -> RouteDecision | None:
         cands = eligible(request, pool)
-        return Decision(least_loaded(cands).id) if cands else None
+        return decision_at(request, least_loaded(cands).id, pool) if cands else None
 
 
 class LengthOnly(Policy):
@@ -42,13 +43,13 @@ class LengthOnly(Policy):
     def __init__(self, long_threshold: int = 32768) -> None:
         self.long_threshold = long_threshold
 
-    def decide(self, request: Request, pool: PoolView) -> Decision | None:
+    def decide(self, request: Request, pool: PoolView) -> RouteDecision | None:
         cands = eligible(request, pool)
         if not cands:
             return None
         pick = max if request.length > self.long_threshold else min
         degree = pick(w.degree for w in cands)
-        return Decision(least_loaded([w for w in cands if w.degree == degree]).id)
+        return decision_at(request, least_loaded([w for w in cands if w.degree == degree]).id, pool)
 
 
 class CacheFirst(Policy):
@@ -56,7 +57,7 @@ class CacheFirst(Policy):
 
     name = "cache-first"
 
-    def decide(self, request: Request, pool: PoolView) -> Decision | None:
+    def decide(self, request: Request, pool: PoolView) -> RouteDecision | None:
         cands = eligible(request, pool)
         if not cands:
             return None
@@ -64,4 +65,4 @@ class CacheFirst(Policy):
         best = max(
             cands, key=lambda w: (matched.get(w.id, 0), -w.outstanding_s, -w.id)
         )
-        return Decision(best.id)
+        return decision_at(request, best.id, pool)

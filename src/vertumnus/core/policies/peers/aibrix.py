@@ -34,7 +34,8 @@ Ties go to the lowest worker id.
 
 from __future__ import annotations
 
-from vertumnus.core.policies.base import Decision, Policy, PoolView, eligible
+from vertumnus.core.decision import RouteDecision
+from vertumnus.core.policies.base import Policy, PoolView, decision_at, eligible
 from vertumnus.core.policies.peers._index import GlobalTTLIndex
 from vertumnus.core.types import Request
 
@@ -96,7 +97,7 @@ class AIBrixConductor(Policy):
             out[w.id] = queue + self.estimate_prefix(matched) + self.estimate_prefill(unmatched)
         return out
 
-    def decide(self, request: Request, pool: PoolView) -> Decision | None:
+    def decide(self, request: Request, pool: PoolView) -> RouteDecision | None:
         self._now = request.arrival_s
         if request.arrival_s >= self._next_sweep_s and self.index is not None:
             self.index.sweep(request.arrival_s)
@@ -104,9 +105,10 @@ class AIBrixConductor(Policy):
         scores = self.scores(request, pool)
         if not scores:
             return None
-        return Decision(min(scores, key=lambda w: (scores[w], w)))
+        return decision_at(request, min(scores, key=lambda w: (scores[w], w)), pool)
 
-    def observe_placed(self, request: Request, worker: int, pool: PoolView) -> None:
+    def observe_placed(self, request: Request, decision: RouteDecision, pool: PoolView) -> None:
+        worker = decision.worker
         pct = self.match_pct(request, pool).get(worker, 0)
         self._estimate[request.id] = self.estimate_prefill(request.length * (100 - pct) / 100.0)
         self._index(pool.block_size).insert(worker, request.block_keys, request.arrival_s)

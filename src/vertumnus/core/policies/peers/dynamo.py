@@ -29,7 +29,8 @@ import math
 import random
 from dataclasses import dataclass
 
-from vertumnus.core.policies.base import Decision, Policy, PoolView, eligible
+from vertumnus.core.decision import RouteDecision
+from vertumnus.core.policies.base import Policy, PoolView, decision_at, eligible
 from vertumnus.core.types import Request
 
 
@@ -86,9 +87,9 @@ class DynamoKV(Policy):
         weights = [math.exp(-((logits[w] - lo) / span) / self.temperature) for w in ids]
         return self.rng.choices(ids, weights=weights)[0]
 
-    def decide(self, request: Request, pool: PoolView) -> Decision | None:
+    def decide(self, request: Request, pool: PoolView) -> RouteDecision | None:
         logits = self.logits(request, pool)
-        return Decision(self.sample(logits)) if logits else None
+        return decision_at(request, self.sample(logits), pool) if logits else None
 
     def _release(self, request_id: int) -> None:
         booked = self._booked.pop(request_id, None)
@@ -96,7 +97,8 @@ class DynamoKV(Policy):
             self.prefill_tokens[booked.worker] -= booked.prefill_tokens
             self.active_blocks[booked.worker] -= booked.blocks
 
-    def observe_placed(self, request: Request, worker: int, pool: PoolView) -> None:
+    def observe_placed(self, request: Request, decision: RouteDecision, pool: PoolView) -> None:
+        worker = decision.worker
         # A request re-placed by the shell (its worker drained) moves its
         # booking: Dynamo frees a sequence's slots when it is re-routed.
         self._release(request.id)

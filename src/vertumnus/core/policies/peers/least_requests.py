@@ -9,15 +9,16 @@ smallest. Cache-blind and degree-blind. Ties go to the lowest worker id
 
 from __future__ import annotations
 
-from vertumnus.core.policies.base import Decision, Policy, PoolView, eligible
+from vertumnus.core.decision import RouteDecision
+from vertumnus.core.policies.base import Policy, PoolView, decision_at, eligible
 from vertumnus.core.types import Request
 
 
 class LeastRequests(Policy):
     name = "least-requests"
 
-    def decide(self, request: Request, pool: PoolView) -> Decision | None:
+    def decide(self, request: Request, pool: PoolView) -> RouteDecision | None:
         cands = eligible(request, pool)
         if not cands:
             return None
-        return Decision(min(cands, key=lambda w: (w.inflight, w.id)).id)
+        return decision_at(request, min(cands, key=lambda w: (w.inflight, w.id)).id, pool)

@@ -43,6 +43,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from vertumnus.core.decision import RouteDecision
 from vertumnus.core.placement import WorkerState
 from vertumnus.core.policies.base import PoolView
 from vertumnus.core.policies.framework import (
@@ -164,7 +165,8 @@ class LLMD(ScoringPolicy):
             picker=MaxScorePicker(rng if rng is not None else random.Random(0)),
         )
 
-    def observe_placed(self, request: Request, worker: int, pool: PoolView) -> None:
+    def observe_placed(self, request: Request, decision: RouteDecision, pool: PoolView) -> None:
+        worker = decision.worker
         if self.approx is not None:
             self.approx.record(request, worker, pool.block_size)
         self.kv.placed(request, worker)

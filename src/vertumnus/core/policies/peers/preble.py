@@ -44,7 +44,8 @@ from __future__ import annotations
 from collections import deque
 
 from vertumnus.core.costmodel import PrefillModel
-from vertumnus.core.policies.base import Decision, Policy, PoolView, eligible
+from vertumnus.core.decision import RouteDecision
+from vertumnus.core.policies.base import Policy, PoolView, decision_at, eligible
 from vertumnus.core.types import Request
 
 
@@ -91,7 +92,6 @@ class Preble(Policy):
         self._window: deque[tuple[float, _Stats, int, int]] = deque()
         self._model: PrefillModel | None = None
         self._block_size = 1
-        self._pending: tuple[int, _Node, set[int]] | None = None
 
     # -- the global radix tree -------------------------------------------------
 
@@ -186,7 +186,7 @@ class Preble(Policy):
 
     # -- the policy ------------------------------------------------------------
 
-    def decide(self, request: Request, pool: PoolView) -> Decision | None:
+    def decide(self, request: Request, pool: PoolView) -> RouteDecision | None:
         cands = eligible(request, pool)
         if not cands:
             return None
@@ -209,16 +209,15 @@ class Preble(Policy):
             # Explore: the least windowed load over every GPU.
             selected = {min(ids, key=lambda g: (load.get(g, 0.0), g))}
         pick = min(selected, key=lambda g: (load.get(g, 0.0), g))
-        self._pending = (request.id, leaf, selected)
-        return Decision(pick)
+        return decision_at(request, pick, pool, note=(leaf, selected))
 
-    def observe_placed(self, request: Request, worker: int, pool: PoolView) -> None:
-        pending, self._pending = self._pending, None
-        if pending is None or pending[0] != request.id:
-            # Placed without our decision (e.g. re-placed by a shell): record it alone.
+    def observe_placed(self, request: Request, decision: RouteDecision, pool: PoolView) -> None:
+        worker = decision.worker
+        if decision.note is None:
+            # Placed without our decision (e.g. by another policy): record it alone.
             leaf, selected = self.insert(request.block_keys), {worker}
         else:
-            _, leaf, selected = pending
+            leaf, selected = decision.note
         bs = pool.block_size
         ctx = (leaf.start + len(leaf.keys)) * bs
         hit = leaf.start * bs

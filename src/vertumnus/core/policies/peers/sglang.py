@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import random
 
-from vertumnus.core.policies.base import Decision, Policy, PoolView, eligible
+from vertumnus.core.decision import RouteDecision
+from vertumnus.core.policies.base import Policy, PoolView, decision_at, eligible
 from vertumnus.core.policies.peers._index import WorkerLRUIndex
 from vertumnus.core.types import Request
 
@@ -84,21 +85,22 @@ class SGLangCacheAware(Policy):
         hi, lo = max(loads), min(loads)
         return hi - lo > self.balance_abs_threshold and hi > lo * self.balance_rel_threshold
 
-    def decide(self, request: Request, pool: PoolView) -> Decision | None:
+    def decide(self, request: Request, pool: PoolView) -> RouteDecision | None:
         cands = eligible(request, pool)
         if not cands:
             return None
         self._maybe_evict(request.arrival_s, pool.block_size)
         if self.is_imbalanced([w.inflight for w in cands]):
-            return Decision(min(cands, key=lambda w: (w.inflight, w.id)).id)
+            return decision_at(request, min(cands, key=lambda w: (w.inflight, w.id)).id, pool)
         ids = {w.id for w in cands}
         depths = {w: d for w, d in self.tree.matched(request.block_keys).items() if w in ids}
         best_depth = max(depths.values(), default=0)
         matched_tokens = min(best_depth * pool.block_size, request.length)
         if best_depth > 0 and matched_tokens / request.length > self.cache_threshold:
             tied = sorted(w for w, d in depths.items() if d == best_depth)
-            return Decision(tied[self.rng.randrange(len(tied))] if len(tied) > 1 else tied[0])
-        return Decision(min(cands, key=lambda w: (self.tree.size(w.id), w.id)).id)
+            return decision_at(request, tied[self.rng.randrange(len(tied))] if len(tied) > 1 else tied[0], pool)
+        return decision_at(request, min(cands, key=lambda w: (self.tree.size(w.id), w.id)).id, pool)
 
-    def observe_placed(self, request: Request, worker: int, pool: PoolView) -> None:
+    def observe_placed(self, request: Request, decision: RouteDecision, pool: PoolView) -> None:
+        worker = decision.worker
         self.tree.insert(worker, request.block_keys)

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from vertumnus.core.policies.base import Decision, Policy, PoolView, eligible
+from vertumnus.core.decision import RouteDecision
+from vertumnus.core.policies.base import Policy, PoolView, decision_at, eligible
 from vertumnus.core.types import Request
 
 
@@ -47,7 +48,7 @@ class VLLMKvaware(Policy):
             q.popleft()
         return len(q) / self.qps_window_s
 
-    def decide(self, request: Request, pool: PoolView) -> Decision | None:
+    def decide(self, request: Request, pool: PoolView) -> RouteDecision | None:
         cands = eligible(request, pool)
         if not cands:
             return None
@@ -58,12 +59,13 @@ class VLLMKvaware(Policy):
             owner = min(w for w, d in matched.items() if d == best)
             matched_tokens = min(best * pool.block_size, request.length)
             if matched_tokens >= max(request.length - self.kv_aware_threshold, 0):
-                return Decision(owner)
+                return decision_at(request, owner, pool)
         for w in sorted(cands, key=lambda w: w.id):
             if w.id not in self._routed:
-                return Decision(w.id)
+                return decision_at(request, w.id, pool)
         now = request.arrival_s
-        return Decision(min(cands, key=lambda w: (self.qps(w.id, now), w.id)).id)
+        return decision_at(request, min(cands, key=lambda w: (self.qps(w.id, now), w.id)).id, pool)
 
-    def observe_placed(self, request: Request, worker: int, pool: PoolView) -> None:
+    def observe_placed(self, request: Request, decision: RouteDecision, pool: PoolView) -> None:
+        worker = decision.worker
         self._routed.setdefault(worker, deque()).append(request.arrival_s)

@@ -1,0 +1,144 @@
+"""Speed of this checkout against another one, side by side in one run (issue 9: "no drop in speed").
+
+    git worktree add /tmp/before <commit>                 # the checkout to compare with
+    (cd /tmp/before && python setup.py build_ext --inplace)   # its compiled placement hot path
+    python bench/compare_checkouts.py --before /tmp/before [--runs 5] [--json OUT]
+
+Two figures, each measured in both trees in alternation (before, after,
+before, after, ...) so that load elsewhere on a shared machine falls on both:
+
+- **simulation**: the 12,031-request Mooncake conversation trace at rate
+  scale 9 through ``vertumnus:4xCP4+3xCP8`` (cost-model placement and the
+  cache manager), as ``python -m vertumnus simulate`` runs it; CPU seconds
+  of the process (user + system), and wall seconds;
+- **placement**: ``bench/placement_speed.py`` of each tree (64 workers, a
+  1M-block trie; each tree's own version of the bench, which times the
+  same ``decide`` path), decisions per second by the thread's CPU clock.
+
+Each tree runs from its own ``src`` with any editable install of the
+project switched off in that process, so neither tree's code leaks into the
+other's run. The report gives medians and the after/before ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
+
+
+# Run a module or a script of one tree: its src first on the path, the
+# editable-install finders (which would map vertumnus.* to whichever checkout
+# is installed) gone, and the tree's own folder mapping (pyproject's
+# package-dir: worker/ is vertumnus.worker, ...) in their place.
+_BOOT = (
+    "import importlib.util, os, runpy, sys, tomllib\n"
+    "tree, what = sys.argv[1], sys.argv[2]\n"
+    "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
+    "cfg = tomllib.load(open(tree + '/pyproject.toml', 'rb'))['tool']['setuptools'].get('package-dir', {})\n"
+    "class Mapped:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        d = os.path.join(tree, cfg[name]) if name and name in cfg else None\n"
+    "        init = d and os.path.join(d, '__init__.py')\n"
+    "        if not init or not os.path.exists(init):\n"
+    "            return None\n"
+    "        return importlib.util.spec_from_file_location(name, init, submodule_search_locations=[d])\n"
+    "sys.meta_path.insert(0, Mapped())\n"
+    "sys.path.insert(0, tree + '/src')\n"
+    "sys.argv = [what, *sys.argv[3:]]\n"
+    "if what.endswith('.py'):\n"
+    "    runpy.run_path(what, run_name='__main__')\n"
+    "else:\n"
+    "    runpy.run_module(what, run_name='__main__', alter_sys=True)\n"
+)
+
+
+def _python(tree: Path, what: str, *args: str) -> list[str]:
+    return [sys.executable, "-c", _BOOT, str(tree), what, *args]
+
+
+def run_simulation(tree: Path) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of one simulation in ``tree``."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run(
+        _python(
+            tree, "vertumnus", "simulate", "--trace", str(MOONCAKE), "--rate-scale", "9",
+            "--seed", "1", "--compare", "vertumnus:4xCP4+3xCP8", "--no-progress",
+        ),
+        cwd=tree, check=True, capture_output=True, text=True,
+    )
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return cpu, wall
+
+
+def run_placement(tree: Path, repeat: int) -> float:
+    """Decisions per second (CPU clock, median over passes) of ``tree``'s own placement bench."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "p.json"
+        subprocess.run(
+            _python(tree, "bench/placement_speed.py", "--repeat", str(repeat), "--out", str(out)),
+            cwd=tree, check=True, capture_output=True, text=True,
+        )
+        return float(json.loads(out.read_text())["cpu_clock"]["decisions_per_s"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--before", type=Path, required=True, help="the other checkout (its root)")
+    ap.add_argument("--after", type=Path, default=ROOT, help="this checkout (default)")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--placement-repeat", type=int, default=3)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if not MOONCAKE.exists():
+        print(f"error: needs {MOONCAKE} (../shared/traces beside the checkout)", file=sys.stderr)
+        return 2
+    trees = {"before": args.before.resolve(), "after": args.after.resolve()}
+    sims: dict[str, list[tuple[float, float]]] = {k: [] for k in trees}
+    place: dict[str, list[float]] = {k: [] for k in trees}
+    for i in range(args.runs):
+        for label, tree in trees.items():
+            sims[label].append(run_simulation(tree))
+            print(f"run {i + 1}/{args.runs} {label}: simulation {sims[label][-1][0]:.2f} s CPU", flush=True)
+        for label, tree in trees.items():
+            place[label].append(run_placement(tree, args.placement_repeat))
+            print(f"run {i + 1}/{args.runs} {label}: placement {place[label][-1]:,.0f} decisions/s", flush=True)
+    report = {
+        "date": time.strftime("%Y-%m-%d"),
+        "runs": args.runs,
+        "trees": {k: str(v) for k, v in trees.items()},
+        "simulation_cpu_s": {k: statistics.median(c for c, _ in v) for k, v in sims.items()},
+        "simulation_wall_s": {k: statistics.median(w for _, w in v) for k, v in sims.items()},
+        "placement_decisions_per_s": {k: statistics.median(v) for k, v in place.items()},
+        "samples": {"simulation": sims, "placement": place},
+    }
+    cpu, rate = report["simulation_cpu_s"], report["placement_decisions_per_s"]
+    report["ratios"] = {
+        "simulation_cpu_after_over_before": cpu["after"] / cpu["before"],
+        "placement_after_over_before": rate["after"] / rate["before"],
+    }
+    print(
+        f"simulation: {cpu['before']:.2f} s -> {cpu['after']:.2f} s CPU "
+        f"({report['ratios']['simulation_cpu_after_over_before']:.3f}x)\n"
+        f"placement:  {rate['before']:,.0f} -> {rate['after']:,.0f} decisions/s "
+        f"({report['ratios']['placement_after_over_before']:.3f}x)"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
