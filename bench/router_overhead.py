@@ -1,0 +1,241 @@
+"""Router overhead: placement latency and throughput through gRPC with instant workers (issue 10).
+
+    python bench/router_overhead.py [--seconds 20] [--concurrency 64] [--redis] [--json OUT] [--profile]
+
+The router runs in this process, on its event loop (one core for the Python
+side); an engine that answers at once (``bench/instant_engine.py``: 8 ranks
+as 4,2,2, real cache events) and the load clients run in two other
+processes. Clients are closed loop (``--concurrency`` callers, each sending
+its next request when the last is answered) with prompts that share heads
+(prefix hits, a growing index), so the router does all its real work:
+validation, block hashing, placement over the index, forwarding, the
+followers' cache events, completions.
+
+Reported: requests per second through the router; the router process's
+CPU seconds per request; **placement** latency p50 / p99 / max (validation
++ admission + hashing + ``schedule``, exact samples); the clients' end-to-end
+latency p50 / p99; and with ``--profile``, where the router's time goes (the
+top of a cProfile of its process). ``--redis`` starts a ``redis-server``
+and puts the index and the load board in it (``--redis-url`` uses one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _free_base(n: int) -> int:
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n < 65535:
+            ok = True
+            for p in range(base, base + n):
+                with socket.socket() as t:
+                    try:
+                        t.bind(("127.0.0.1", p))
+                    except OSError:
+                        ok = False
+                        break
+            if ok:
+                return base
+    raise RuntimeError("no free ports")
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+# -- the client process ----------------------------------------------------------------
+
+
+async def _clients(target: str, seconds: float, concurrency: int, seed: int) -> dict[str, object]:
+    import random
+
+    import grpc
+
+    from vertumnus._proto import pool_pb2, pool_pb2_grpc
+
+    rng = random.Random(seed)
+    heads = [[rng.randrange(256) for _ in range(64)] for _ in range(16)]
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    count = 0
+    loop = asyncio.get_running_loop()
+    stop_at = loop.time() + seconds
+    async with grpc.aio.insecure_channel(target) as ch:
+        stub = pool_pb2_grpc.PrefillStub(ch)
+
+        async def caller(c: int) -> None:
+            nonlocal count
+            i = 0
+            while loop.time() < stop_at:
+                tokens = heads[rng.randrange(16)] + [rng.randrange(256) for _ in range(rng.randint(8, 64))]
+                t0 = loop.time()
+                try:
+                    await stub.Prefill(pool_pb2.PrefillRequest(request_id=f"c{c}-{i}", token_ids=tokens), timeout=30)
+                    latencies.append(loop.time() - t0)
+                    count += 1
+                except grpc.aio.AioRpcError as e:
+                    errors[e.code().name] = errors.get(e.code().name, 0) + 1
+                i += 1
+
+        await asyncio.gather(*(caller(c) for c in range(concurrency)))
+    return {"completed": count, "errors": errors, "latencies": latencies}
+
+
+# -- the router process (this one) -----------------------------------------------------------
+
+
+async def _run(args: argparse.Namespace) -> dict[str, object]:
+    from vertumnus.router.serve import start_router
+    from vertumnus.router.settings import RouterSettings
+
+    base = _free_base(8)
+    engine = subprocess.Popen(
+        [sys.executable, str(ROOT / "instant_engine.py"), "--ranks", "8", "--degrees", "4,2,2", "--base-port", str(base)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )
+    redis_proc = None
+    tmp = tempfile.TemporaryDirectory()
+    try:
+        store = None
+        url = args.redis_url
+        if args.redis and url is None:
+            exe = shutil.which("redis-server")
+            if exe is None:
+                raise SystemExit("--redis needs redis-server (apt-get install redis-server)")
+            port = _free_base(1)
+            redis_proc = subprocess.Popen(
+                [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp.name],
+                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            )
+            url = f"redis://127.0.0.1:{port}/0"
+            time.sleep(0.5)
+        if url is not None:
+            from vertumnus.router.mirror import redis_store_for
+
+            store = redis_store_for(url, "bench", "cpu-tiny")
+        settings = RouterSettings(
+            listen=f"127.0.0.1:{_free_base(1)}", metrics_listen="", profile="cpu-tiny",
+            admission_limit=max(1024, 4 * args.concurrency),
+        )
+        running = await start_router(settings, [f"127.0.0.1:{base}"], store=store, discover_timeout_s=30)
+        router = running.router
+        # Warm up: a few seconds to fill the index and the connections.
+        await asyncio.to_thread(_client_run, running.address, 2.0, args.concurrency, 1)
+        router.metrics.placement_samples.clear()
+        prof = None
+        if args.profile:
+            import cProfile
+
+            prof = cProfile.Profile()
+            prof.enable()
+        cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        result = await asyncio.to_thread(_client_run, running.address, args.seconds, args.concurrency, 2)
+        wall = time.perf_counter() - wall0
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+        if prof is not None:
+            prof.disable()
+        cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+        samples = list(router.metrics.placement_samples)
+        index_blocks = len(router.store)
+        await running.stop(1.0)
+    finally:
+        engine.terminate()
+        engine.wait(10)
+        if redis_proc is not None:
+            redis_proc.terminate()
+            redis_proc.wait(10)
+        tmp.cleanup()
+    lat = result["latencies"]
+    assert isinstance(lat, list)
+    completed = int(result["completed"])  # type: ignore[call-overload]
+    out: dict[str, object] = {
+        "store": "redis" if url is not None else "memory",
+        "concurrency": args.concurrency,
+        "seconds": wall,
+        "completed": completed,
+        "errors": result["errors"],
+        "throughput_rps": completed / wall,
+        "router_cpu_s": cpu,
+        "router_cpu_us_per_request": 1e6 * cpu / max(completed, 1),
+        "router_cores_busy": cpu / wall,
+        "placement_us": {
+            "p50": 1e6 * _pct(samples, 0.50),
+            "p99": 1e6 * _pct(samples, 0.99),
+            "max": 1e6 * max(samples) if samples else float("nan"),
+            "mean": 1e6 * statistics.fmean(samples) if samples else float("nan"),
+            "samples": len(samples),
+        },
+        "client_latency_ms": {"p50": 1e3 * _pct(lat, 0.5), "p99": 1e3 * _pct(lat, 0.99)},
+        "index_blocks": index_blocks,
+    }
+    if prof is not None:
+        import io
+        import pstats
+
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
+        out["profile"] = buf.getvalue()
+    return out
+
+
+def _client_run(target: str, seconds: float, concurrency: int, seed: int) -> dict[str, object]:
+    """The clients, in a process of their own (they must not eat the router's core)."""
+    proc = subprocess.run(
+        [sys.executable, __file__, "--client", target, "--seconds", str(seconds),
+         "--concurrency", str(concurrency), "--seed", str(seed)],
+        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    return json.loads(proc.stdout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--redis", action="store_true")
+    ap.add_argument("--redis-url", default=None)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--client", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.client:
+        print(json.dumps(asyncio.run(_clients(args.client, args.seconds, args.concurrency, args.seed))))
+        return 0
+    out = asyncio.run(_run(args))
+    p = out["placement_us"]
+    assert isinstance(p, dict)
+    print(
+        f"store {out['store']}: {out['throughput_rps']:.0f} requests/s through the router "
+        f"({out['completed']} in {out['seconds']:.1f} s, errors {out['errors']}); router CPU "
+        f"{out['router_cpu_us_per_request']:.0f} µs/request ({out['router_cores_busy']:.2f} cores busy); "
+        f"placement p50 {p['p50']:.0f} µs, p99 {p['p99']:.0f} µs, max {p['max']:.0f} µs; index {out['index_blocks']} blocks"
+    )
+    if "profile" in out:
+        print(out["profile"])
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

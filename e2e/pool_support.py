@@ -1,0 +1,216 @@
+"""Real processes for the pool's end-to-end tests: CP engines, routers, Redis, clients.
+
+Everything here is a real process or a real server on loopback: engines are
+``vertumnus serve`` subprocesses (the seeded tiny model on CPU ranks, gloo),
+routers are either started in the test's own event loop (``start_router``)
+or as ``vertumnus router`` subprocesses (to kill them), Redis is Debian's
+``redis-server`` (``tests/redis_server.py``). Loaded by path by the test
+modules (``e2e`` is not a package).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+
+from vertumnus._proto import pool_pb2, pool_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_redis_helper():  # type: ignore[no-untyped-def]
+    """``tests/redis_server.py`` (RedisServer, redis_server_binary)."""
+    name = "vertumnus_tests_redis_server"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "redis_server.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def free_base(count: int) -> int:
+    """A port such that ``port .. port + count - 1`` are free on loopback now."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count > 65535:
+            continue
+        ok = True
+        for p in range(base, base + count):
+            with socket.socket() as t:
+                try:
+                    t.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+class Engine:
+    """One ``vertumnus serve`` process: ``ranks`` ranks grouped as ``degrees``."""
+
+    def __init__(
+        self,
+        ranks: int,
+        degrees: Sequence[int],
+        log: Path,
+        *,
+        worker_ids: Sequence[int] | None = None,
+        block_size: int = 16,
+        num_blocks: int = 512,
+        max_tokens: int = 2048,
+        base_port: int | None = None,
+    ) -> None:
+        self.ranks = ranks
+        self.degrees = list(degrees)
+        self.worker_ids = list(worker_ids) if worker_ids is not None else None
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.max_tokens = max_tokens
+        self.base_port = base_port or free_base(ranks)
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.base_port}"
+
+    def rank_address(self, rank: int) -> str:
+        return f"127.0.0.1:{self.base_port + rank}"
+
+    def start(self, timeout_s: float = 180.0) -> Engine:
+        cmd = [
+            sys.executable, "-m", "vertumnus", "serve", "--ranks", str(self.ranks),
+            "--degrees", ",".join(map(str, self.degrees)), "--base-port", str(self.base_port),
+            "--block-size", str(self.block_size), "--num-blocks", str(self.num_blocks),
+            "--max-tokens", str(self.max_tokens),
+        ]
+        if self.worker_ids is not None:
+            cmd += ["--worker-ids", ",".join(map(str, self.worker_ids))]
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.monotonic() + timeout_s
+        with grpc.insecure_channel(self.address) as ch:
+            stub = worker_pb2_grpc.WorkerStub(ch)
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"engine exited ({self.proc.returncode}); see {self.log}")
+                try:
+                    stub.Describe(worker_pb2.DescribeRequest(), timeout=1.0)
+                    return self
+                except grpc.RpcError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"engine did not answer in {timeout_s} s; see {self.log}") from None
+                    time.sleep(0.3)
+
+    def kill(self) -> None:
+        """SIGKILL the engine and its rank processes (a crash)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def served(self, worker_rank: int) -> set[int]:
+        """The blocks the worker led by ``worker_rank`` serves, by its own snapshot."""
+        with grpc.insecure_channel(self.rank_address(worker_rank)) as ch:
+            snap = worker_pb2_grpc.WorkerStub(ch).ListBlocks(worker_pb2.ListBlocksRequest(), timeout=10)
+        return {b.key for b in snap.served}
+
+    def flush(self, worker_rank: int) -> int:
+        with grpc.insecure_channel(self.rank_address(worker_rank)) as ch:
+            rep = worker_pb2_grpc.WorkerStub(ch).FlushCache(worker_pb2.FlushCacheRequest(), timeout=10)
+        return rep.removed_blocks
+
+    def first_token(self, worker_rank: int, tokens: Sequence[int], request_id: str) -> int:
+        with grpc.insecure_channel(self.rank_address(worker_rank)) as ch:
+            rep = worker_pb2_grpc.WorkerStub(ch).Prefill(
+                worker_pb2.PrefillRequest(request_id=request_id, token_ids=list(tokens)), timeout=60
+            )
+        return rep.first_token_id
+
+
+class RouterProcess:
+    """A ``vertumnus router`` subprocess (for the tests that kill routers)."""
+
+    def __init__(self, engines: Sequence[str], log: Path, *extra: str, port: int | None = None) -> None:
+        self.port = port or free_base(2)
+        self.metrics_port = self.port + 1
+        self.engines = list(engines)
+        self.extra = list(extra)
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 60.0) -> RouterProcess:
+        cmd = [sys.executable, "-m", "vertumnus", "router", "--listen", self.address,
+               "--metrics-listen", f"127.0.0.1:{self.metrics_port}", *self.extra]
+        for e in self.engines:
+            cmd += ["--engine", e]
+        self.proc = subprocess.Popen(cmd, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"router exited ({self.proc.returncode}); see {self.log}")
+            try:
+                pool(self.address, timeout=1.0)
+                return self
+            except grpc.RpcError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"router did not answer in {timeout_s} s; see {self.log}") from None
+                time.sleep(0.2)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+    def stop(self) -> int | None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                return self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return None if self.proc is None else self.proc.returncode
+
+
+def pool(target: str, timeout: float = 10.0) -> pool_pb2.PoolStatus:
+    with grpc.insecure_channel(target) as ch:
+        return pool_pb2_grpc.AdminStub(ch).GetPool(pool_pb2.GetPoolRequest(), timeout=timeout)
+
+
+def prompts(n: int, *, shared: int = 32, extra: int = 24, seed: int = 0, vocab: int = 256) -> list[list[int]]:
+    """``n`` prompts: a few shared heads (``shared`` tokens) with tails of their own."""
+    import random
+
+    rng = random.Random(seed)
+    heads = [[rng.randrange(vocab) for _ in range(shared)] for _ in range(4)]
+    return [heads[i % 4] + [rng.randrange(vocab) for _ in range(extra + i % 7)] for i in range(n)]

@@ -1,0 +1,302 @@
+"""The pool end to end, with real processes: CP engines on CPU ranks, the router, real gRPC clients.
+
+Every fault test counts requests in and out and says what was lost (nothing).
+Run with ``python -m pytest e2e/test_pool.py`` (no Kubernetes needed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from vertumnus._proto import pool_pb2, pool_pb2_grpc
+from vertumnus.core import planner
+from vertumnus.router.serve import start_router
+from vertumnus.router.settings import RouterSettings
+
+
+def _support():  # type: ignore[no-untyped-def]
+    name = "e2e_pool_support"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("pool_support.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+ps = _support()
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """One engine of 4 ranks: workers 0 (CP2, ranks 0-1), 2 (CP1) and 3 (CP1)."""
+    e = ps.Engine(4, [2, 1, 1], tmp_path_factory.mktemp("engine") / "engine.log").start()
+    yield e
+    e.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """A single-rank engine: the first tokens every degree must reproduce."""
+    e = ps.Engine(1, [1], tmp_path_factory.mktemp("ref") / "ref.log").start()
+    yield e
+    e.stop()
+
+
+def settings(**kw) -> RouterSettings:  # type: ignore[no-untyped-def]
+    base = dict(listen=f"127.0.0.1:{ps.free_base(1)}", metrics_listen="", profile="cpu-tiny")
+    base.update(kw)
+    return RouterSettings(**base)
+
+
+async def _send(stub, rid: str, tokens, timeout: float = 120.0):  # type: ignore[no-untyped-def]
+    return await stub.Prefill(pool_pb2.PrefillRequest(request_id=rid, token_ids=tokens), timeout=timeout)
+
+
+def test_first_tokens_through_the_router_equal_a_single_rank_engines(engine, reference) -> None:
+    items = ps.prompts(12, seed=1)
+
+    async def scenario():  # type: ignore[no-untyped-def]
+        running = await start_router(settings(), [engine.address])
+        try:
+            async with grpc.aio.insecure_channel(running.address) as ch:
+                stub = pool_pb2_grpc.PrefillStub(ch)
+                first = [await _send(stub, f"a{i}", t) for i, t in enumerate(items)]
+                # again: now with cached prefixes on whichever workers hold them
+                again = await asyncio.gather(*(_send(stub, f"b{i}", t) for i, t in enumerate(items)))
+            return first, again
+        finally:
+            await running.stop()
+
+    first, again = asyncio.run(scenario())
+    want = [reference.first_token(0, t, f"ref{i}") for i, t in enumerate(items)]
+    assert [r.first_token_id for r in first] == want
+    assert [r.first_token_id for r in again] == want
+    assert {r.degree for r in [*first, *again]} >= {1, 2}  # both degrees served some
+    assert sum(r.cached_tokens for r in again) > 0
+
+
+def test_bad_requests_are_refused_naming_the_field(engine) -> None:
+    async def scenario():  # type: ignore[no-untyped-def]
+        running = await start_router(settings(), [engine.address])
+        out = {}
+        try:
+            async with grpc.aio.insecure_channel(running.address) as ch:
+                stub = pool_pb2_grpc.PrefillStub(ch)
+                admin = pool_pb2_grpc.AdminStub(ch)
+                cases = {
+                    "empty": ("e1", []),
+                    "vocab": ("e2", [1, 2, 999]),
+                    "negative": ("e3", [-1]),
+                    "id": ("", [1, 2]),
+                    "id-chars": ("a b", [1, 2]),
+                    "long": ("e4", [1] * 2049),
+                }
+                for name, (rid, toks) in cases.items():
+                    try:
+                        await _send(stub, rid, toks)
+                    except grpc.aio.AioRpcError as e:
+                        out[name] = (e.code(), e.details())
+                for name, call in {
+                    "drain-unknown": admin.Drain(pool_pb2.DrainRequest(worker=77)),
+                    "split-unknown": admin.Reconfigure(pool_pb2.ReconfigureRequest(split=77)),
+                    "no-op": admin.Reconfigure(pool_pb2.ReconfigureRequest()),
+                }.items():
+                    try:
+                        await call
+                    except grpc.aio.AioRpcError as e:
+                        out[name] = (e.code(), e.details())
+                # The router still serves.
+                ok = await _send(stub, "fine", [1, 2, 3])
+            return out, ok
+        finally:
+            await running.stop()
+
+    out, ok = asyncio.run(scenario())
+    bad = grpc.StatusCode.INVALID_ARGUMENT
+    assert out["empty"] == (bad, "token_ids: empty (request e1)")
+    assert out["vocab"] == (bad, "token_ids[2]: 999 is outside the vocabulary [0, 256) (request e2)")
+    assert out["negative"][0] == bad and "token_ids[0]: -1" in out["negative"][1]
+    assert out["id"][0] == bad and out["id"][1].startswith("request_id:")
+    assert out["id-chars"][0] == bad and "request_id:" in out["id-chars"][1]
+    assert out["long"] == (bad, "token_ids: 2049 tokens, more than the pool's maximum of 2048 (request e4)")
+    assert out["drain-unknown"] == (grpc.StatusCode.NOT_FOUND, "worker 77 is not in the pool")
+    assert out["split-unknown"][0] == grpc.StatusCode.FAILED_PRECONDITION  # no controller here
+    assert out["no-op"][0] == bad
+    assert ok.first_token_id >= 0
+
+
+def test_overload_is_refused_with_resource_exhausted_and_nothing_is_lost(engine) -> None:
+    items = ps.prompts(60, seed=2, extra=200)
+
+    async def scenario():  # type: ignore[no-untyped-def]
+        running = await start_router(settings(admission_limit=4), [engine.address])
+        peak = 0
+
+        async def watch() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, running.router.in_flight())
+                await asyncio.sleep(0.001)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            async with grpc.aio.insecure_channel(running.address) as ch:
+                stub = pool_pb2_grpc.PrefillStub(ch)
+                results = await asyncio.gather(
+                    *(_send(stub, f"o{i}", t) for i, t in enumerate(items)), return_exceptions=True
+                )
+            left = running.router.in_flight()
+        finally:
+            watcher.cancel()
+            await running.stop()
+        return results, peak, left
+
+    results, peak, left = asyncio.run(scenario())
+    ok = [r for r in results if not isinstance(r, BaseException)]
+    refused = [r for r in results if isinstance(r, grpc.aio.AioRpcError)]
+    assert len(ok) + len(refused) == len(items)  # every request answered, one way or the other
+    assert refused and all(r.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for r in refused)
+    assert "admission limit" in refused[0].details()
+    assert len(ok) >= 4 and peak <= 4 and left == 0
+
+
+def test_splits_and_merges_under_steady_load_lose_no_request_and_serve_none_twice(engine) -> None:
+    items = ps.prompts(240, seed=3)
+
+    async def scenario():  # type: ignore[no-untyped-def]
+        running = await start_router(settings(), [engine.address])
+        router = running.router
+        served: list[str] = []
+        try:
+            async with grpc.aio.insecure_channel(running.address) as ch:
+                stub = pool_pb2_grpc.PrefillStub(ch)
+
+                async def client(i: int, tokens) -> None:  # type: ignore[no-untyped-def]
+                    await asyncio.sleep(i * 0.04)  # ~25 requests/s, open loop
+                    r = await _send(stub, f"s{i}", tokens)
+                    served.append(r.request_id)
+
+                async def reconfigure() -> None:
+                    target = 0
+                    for _ in range(3):  # 3 splits and 3 merges of worker `target` (CP2)
+                        await asyncio.sleep(1.0)
+                        commit = await router.reconfigure(planner.Split(target))
+                        await asyncio.sleep(1.0)
+                        merged = await router.reconfigure(planner.Merge(tuple(commit.new_ids)))
+                        target = merged.new_ids[0]
+
+                await asyncio.gather(reconfigure(), *(client(i, t) for i, t in enumerate(items)))
+            return served, list(router.transitions_done), router.pool.epoch
+        finally:
+            await running.stop()
+
+    served, transitions, epoch = asyncio.run(scenario())
+    assert sorted(served) == sorted(f"s{i}" for i in range(len(items)))  # none lost, none twice
+    assert [t["kind"] for t in transitions] == ["split", "merge"] * 3
+    assert epoch == 1 + 6
+    for t in transitions:
+        assert t["switch_s"] < 1.0 and t["total_s"] < 30.0
+
+
+def test_a_killed_engines_requests_are_placed_again_and_complete(tmp_path) -> None:
+    a = ps.Engine(2, [2], tmp_path / "a.log", worker_ids=[0]).start()
+    b = ps.Engine(2, [1, 1], tmp_path / "b.log", worker_ids=[10, 11]).start()
+    items = ps.prompts(120, seed=4, extra=600)
+    try:
+
+        async def scenario():  # type: ignore[no-untyped-def]
+            running = await start_router(
+                settings(worker_forget_s=1.0, worker_retry_s=0.2), [a.address, b.address]
+            )
+            router = running.router
+            answers: dict[str, object] = {}
+            try:
+                async with grpc.aio.insecure_channel(running.address) as ch:
+                    stub = pool_pb2_grpc.PrefillStub(ch)
+
+                    async def client(i: int, tokens) -> None:  # type: ignore[no-untyped-def]
+                        await asyncio.sleep(i * 0.01)  # faster than B alone serves: queues form
+                        try:
+                            answers[f"k{i}"] = await _send(stub, f"k{i}", tokens)
+                        except grpc.aio.AioRpcError as e:
+                            answers[f"k{i}"] = e
+
+                    async def crash() -> None:
+                        # Only B serves at first (A drained), so it builds a queue;
+                        # then A admits again and B dies while it runs requests.
+                        await router.drain(0, wait=False)
+                        busy = [router.workers[w] for w in (10, 11)]
+                        for _ in range(20_000):  # at most ~10 s
+                            if any(w.running is not None and w.queue for w in busy):
+                                break
+                            await asyncio.sleep(0.0005)
+                        await router.drain(0, resume=True)
+                        b.kill()
+
+                    await asyncio.gather(crash(), *(client(i, t) for i, t in enumerate(items)))
+                await asyncio.sleep(1.5)  # past worker_forget_s
+                held = {w: len(router.store.worker_keys(w)) for w in (10, 11)}
+                return answers, held
+            finally:
+                await running.stop()
+
+        answers, held = asyncio.run(scenario())
+    finally:
+        b.kill()
+        a.stop()
+    errors = {k: v for k, v in answers.items() if isinstance(v, BaseException)}
+    assert not errors, errors  # nothing lost: every request completed somewhere
+    assert len(answers) == len(items)
+    replaced = [r for r in answers.values() if r.attempts > 1]  # type: ignore[union-attr]
+    assert replaced and all(r.worker == 0 for r in replaced)  # type: ignore[union-attr]
+    late = [answers[f"k{i}"] for i in range(len(items) - 20, len(items))]
+    assert all(r.worker == 0 for r in late)  # type: ignore[union-attr]
+    assert held == {10: 0, 11: 0}  # the dead engine's workers left the index
+
+
+def test_flush_and_restart_of_an_engine_keep_the_index_true(tmp_path) -> None:
+    e = ps.Engine(2, [1, 1], tmp_path / "e.log", worker_ids=[0, 1]).start()
+    items = ps.prompts(16, seed=5)
+    try:
+
+        async def scenario():  # type: ignore[no-untyped-def]
+            running = await start_router(settings(worker_retry_s=0.2), [e.address])
+            router = running.router
+            try:
+                async with grpc.aio.insecure_channel(running.address) as ch:
+                    stub = pool_pb2_grpc.PrefillStub(ch)
+                    for i, t in enumerate(items):
+                        await _send(stub, f"f{i}", t)
+                    await asyncio.sleep(0.5)
+                    before = {w: set(router.store.worker_keys(w)) for w in (0, 1)}
+                    truth = {w: e.served(w) for w in (0, 1)}
+                    e.flush(0)  # CLEARED: worker 0's entries must go
+                    await asyncio.sleep(0.5)
+                    flushed = set(router.store.worker_keys(0))
+                    # A restarted engine (new incarnation) with an empty cache.
+                    e.kill()
+                    e.start()
+                    await asyncio.sleep(3.0)
+                    restarted = {w: set(router.store.worker_keys(w)) for w in (0, 1)}
+                    r = await _send(stub, "after", items[0])
+                    counts = {w: f.counts for w, f in router.followers.items()}
+                return before, truth, flushed, restarted, r, counts
+            finally:
+                await running.stop()
+
+        before, truth, flushed, restarted, r, counts = asyncio.run(scenario())
+    finally:
+        e.stop()
+    assert before == truth and before[0]  # the index was exactly the workers' contents
+    assert flushed == set()
+    assert restarted == {0: set(), 1: set()}  # stale entries of the old incarnation dropped
+    assert r.cached_tokens == 0  # nothing cached after the restart, and the router knew it
+    assert counts[0].drops >= 2 and counts[1].drops >= 1  # the clear and the restart, counted

@@ -1,0 +1,1 @@
+"""The gRPC router of a Vertumnus prefill pool (imported as ``vertumnus.router``)."""

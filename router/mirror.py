@@ -1,0 +1,291 @@
+"""The router's index with Redis behind it: a local mirror that placement reads, Redis as the shared copy.
+
+Placement must not wait for the network: the routing core reads a
+:class:`~vertumnus.core.trie.PrefixTrie` in this process (microseconds).
+:class:`MirroredStore` is that trie, plus Redis
+(:class:`~vertumnus.router.redis_store.RedisTrieStore`) kept in step:
+
+- **writes** (the workers' cache events) are applied to the local trie at
+  once — it validates them — and queued for Redis, which one task applies in
+  order, off the event loop (one round trip per batch, a Lua script);
+- **Redis down**: the router keeps serving from its local view
+  (``degraded``) and remembers which workers changed; when Redis answers
+  again, those workers' entries are written back whole (cleared, then every
+  block), so the shared copy converges to what the workers hold. A Redis
+  that restarted empty between two writes is noticed by its **incarnation**
+  (checked every ``retry_s``): then every worker is written back;
+- **a replica that follows** (``follow=True``, the router's
+  ``--index-source redis``) does not subscribe to the workers at all: it
+  applies the Redis change stream to its mirror, so two replicas see the
+  same index; a follower that fell behind the stream re-reads it whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable, Mapping, Sequence, Set
+from typing import Any
+
+from vertumnus.core.store import BlockInfo, Change, StoredBlock
+from vertumnus.core.trie import PrefixTrie
+
+__all__ = ["MirroredStore", "redis_store_for"]
+
+_log = logging.getLogger("vertumnus.router.mirror")
+
+_REWRITE_BATCH = 10_000
+"""Blocks per script when a worker's entries are written back whole."""
+
+
+def redis_store_for(url: str, pool: str, profile: str, *, follow: bool = False) -> MirroredStore:
+    """A mirrored store on the Redis at ``url``, in the pool's and model's namespace."""
+    from vertumnus.router.redis_conn import redis_client
+    from vertumnus.router.redis_store import RedisTrieStore
+
+    namespace = f"{pool}/{profile}".replace("{", "").replace("}", "")
+    client = redis_client(url)
+    return MirroredStore(RedisTrieStore(client, namespace), client, follow=follow)
+
+
+class MirroredStore:
+    """A :class:`~vertumnus.core.store.TrieStore`: the local trie, with Redis kept in step."""
+
+    def __init__(self, remote: Any, client: Any = None, *, follow: bool = False, retry_s: float = 1.0) -> None:
+        self.remote = remote
+        self.client = client
+        self.local = PrefixTrie(remote.namespace)
+        self.follow = follow
+        self.retry_s = retry_s
+        self.degraded = False
+        self._queue: asyncio.Queue[tuple[Any, ...]] | None = None
+        self._dirty: set[int] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.writes = 0
+        self.rewrites = 0
+        self.block = self.local.block
+        self._incarnation: str | None = None
+
+    # -- life cycle --------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the writer (and, for a follower, the stream reader)."""
+        loop = asyncio.get_running_loop()
+        self._queue = asyncio.Queue()
+        if self.follow:
+            await self._reload()
+            self._tasks.append(loop.create_task(self._follow(), name="index-follow"))
+        else:
+            self._tasks.append(loop.create_task(self._write(), name="index-write"))
+            self._tasks.append(loop.create_task(self._watch(), name="index-watch"))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every queued write reached Redis (False if it is down)."""
+        assert self._queue is not None
+        try:
+            await asyncio.wait_for(self._queue.join(), timeout_s)
+        except TimeoutError:
+            return False
+        return not self.degraded
+
+    # -- TrieStore: reads from the mirror ----------------------------------------
+
+    @property
+    def namespace(self) -> str:
+        return self.local.namespace
+
+    @property
+    def cursor(self) -> int:
+        return self.local.cursor
+
+    def __len__(self) -> int:
+        return len(self.local)
+
+    def matched_blocks(self, keys: Sequence[int]) -> Mapping[int, int]:
+        return self.local.matched_blocks(keys)
+
+    def path(self, keys: Sequence[int]) -> Sequence[BlockInfo]:
+        return self.local.path(keys)
+
+    def children(self, key: int) -> Set[int]:
+        return self.local.children(key)
+
+    def holders(self, key: int) -> Set[int]:
+        return self.local.holders(key)
+
+    def worker_keys(self, worker: int) -> Set[int]:
+        return self.local.worker_keys(worker)
+
+    def workers(self) -> Set[int]:
+        return self.local.workers()
+
+    def changes(self, since: int) -> tuple[int, Sequence[Change] | None]:
+        return self.local.changes(since)
+
+    # -- TrieStore: writes to both -------------------------------------------------
+
+    def apply(
+        self,
+        worker: int,
+        stored: Iterable[StoredBlock | tuple[int, int, int | None]] = (),
+        removed: Iterable[int] = (),
+        *,
+        cleared: bool = False,
+    ) -> int:
+        items = list(stored)
+        gone = list(removed)
+        cursor = self.local.apply(worker, items, gone, cleared=cleared)  # validates: may refuse
+        if self._queue is not None and not self.follow:
+            self._queue.put_nowait(("apply", worker, items, gone, cleared))
+        return cursor
+
+    def drop_worker(self, worker: int) -> int:
+        cursor = self.local.drop_worker(worker)
+        if self._queue is not None and not self.follow:
+            self._queue.put_nowait(("drop", worker))
+        return cursor
+
+    # -- the writer ----------------------------------------------------------------
+
+    async def _write(self) -> None:
+        assert self._queue is not None
+        queue = self._queue
+        while True:
+            op = await queue.get()
+            try:
+                if self.degraded:
+                    self._dirty.add(op[1])
+                    continue
+                try:
+                    await asyncio.to_thread(self._send, op)
+                    self.writes += 1
+                except ConnectionError as e:
+                    _log.warning("redis unavailable, serving from the local index: %s", e)
+                    self.degraded = True
+                    self._dirty.add(op[1])
+                    asyncio.get_running_loop().create_task(self._recover(), name="index-recover")
+            finally:
+                queue.task_done()
+
+    async def _watch(self) -> None:
+        """Notice a Redis that started over (empty) while we were writing to it."""
+        while True:
+            await asyncio.sleep(self.retry_s)
+            if self.degraded:
+                continue
+            try:
+                now = await asyncio.to_thread(lambda: self.remote.incarnation)
+            except ConnectionError:
+                continue
+            if self._incarnation is not None and now != self._incarnation and self.local.workers():
+                _log.warning("redis started over (incarnation %s -> %s): writing the index back", self._incarnation, now)
+                self.mark_all_dirty()
+                self.degraded = True
+                asyncio.get_running_loop().create_task(self._recover(), name="index-recover")
+            self._incarnation = now
+
+    def _send(self, op: tuple[Any, ...]) -> None:
+        if op[0] == "apply":
+            _, worker, items, gone, cleared = op
+            self.remote.apply(worker, items, gone, cleared=cleared)
+        else:
+            self.remote.drop_worker(op[1])
+
+    async def _recover(self) -> None:
+        """Wait for Redis, then write back every worker that changed meanwhile."""
+        while True:
+            await asyncio.sleep(self.retry_s)
+            try:
+                await asyncio.to_thread(self.remote.cursor.__int__)
+            except ConnectionError:
+                continue
+            break
+        # Snapshots of the local view, taken here on the event loop.
+        dirty, self._dirty = self._dirty, set()
+        batches = [(w, self._snapshot(w)) for w in sorted(dirty)]
+        try:
+            for w, items in batches:
+                # A drop, then bounded batches: one huge script would hold Redis
+                # (and outlast the client's timeout) for a big worker.
+                await asyncio.to_thread(self.remote.drop_worker, w)
+                for i in range(0, len(items), _REWRITE_BATCH):
+                    await asyncio.to_thread(self.remote.apply, w, items[i : i + _REWRITE_BATCH])
+                self.rewrites += 1
+        except ConnectionError:
+            self._dirty |= dirty
+            asyncio.get_running_loop().create_task(self._recover(), name="index-recover")
+            return
+        self.degraded = False
+        with contextlib.suppress(ConnectionError):
+            self._incarnation = await asyncio.to_thread(lambda: self.remote.incarnation)
+        _log.info("redis back: %d workers written back", len(batches))
+
+    def _snapshot(self, worker: int) -> list[tuple[int, int, int | None]]:
+        items = []
+        for k in self.local.worker_keys(worker):
+            node = self.local.block(k)
+            if node is not None:
+                items.append((k, node.depth - 1, node.parent))
+        items.sort(key=lambda i: i[1])  # parents first
+        return items
+
+    def mark_all_dirty(self) -> None:
+        """Write every worker's entries back (e.g. after Redis lost its data)."""
+        self._dirty |= set(self.local.workers())
+
+    # -- the follower ------------------------------------------------------------------
+
+    async def _follow(self) -> None:
+        cursor = await asyncio.to_thread(lambda: self.remote.cursor)
+        while True:
+            await asyncio.sleep(0.05)
+            try:
+                cursor_now, changes = await asyncio.to_thread(self.remote.changes, cursor)
+                if changes is None:
+                    await self._reload()
+                    cursor = cursor_now
+                    continue
+                for c in changes:
+                    await self._mirror(c)
+                cursor = cursor_now if not changes else changes[-1].cursor
+                self.degraded = False
+            except ConnectionError:
+                self.degraded = True
+                await asyncio.sleep(self.retry_s)
+
+    async def _mirror(self, change: Change) -> None:
+        infos = await asyncio.to_thread(self.remote.blocks, change.stored)
+        items = [(k, b.depth - 1, b.parent) for k in change.stored if (b := infos.get(k)) is not None]
+        items.sort(key=lambda i: i[1])
+        self.local.apply(change.worker, items, change.removed, cleared=change.dropped)
+
+    async def _reload(self) -> None:
+        """Read the whole index from Redis into the mirror."""
+
+        def read() -> dict[int, list[tuple[int, int, int | None]]]:
+            out = {}
+            for w in self.remote.workers():
+                infos = self.remote.blocks(self.remote.worker_keys(w))
+                items = [(k, b.depth - 1, b.parent) for k, b in infos.items()]
+                items.sort(key=lambda i: i[1])
+                out[w] = items
+            return out
+
+        try:
+            view = await asyncio.to_thread(read)
+        except ConnectionError:
+            self.degraded = True
+            return
+        for w in list(self.local.workers()):
+            if w not in view:
+                self.local.drop_worker(w)
+        for w, items in view.items():
+            self.local.apply(w, items, cleared=True)
+

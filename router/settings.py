@@ -1,0 +1,92 @@
+"""The router's settings: one frozen dataclass, a docstring per field, checked on construction.
+
+Every number the router uses that is not a placement or cache-manager
+parameter of the core lives here, with its default and the reason for it.
+The command line (``vertumnus router``, ``vertumnus up``) and the operator's
+ConfigMap both end up as one of these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vertumnus.core.cachesettings import CacheManagerSettings
+from vertumnus.core.placement import PlacementParams
+from vertumnus.core.planner import PlannerSettings
+
+__all__ = ["RouterSettings"]
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    """How one router replica serves its pool."""
+
+    listen: str = "127.0.0.1:50050"
+    """host:port of the public API (Prefill, Admin, health, reflection)."""
+    metrics_listen: str = "127.0.0.1:9464"
+    """host:port of the Prometheus ``/metrics`` endpoint (empty: none)."""
+    pool: str = "local"
+    """The pool's name: part of the prefix index's namespace."""
+    profile: str = "cpu-tiny"
+    """The prefill-time profile placement predicts with (bundled name or .json path)."""
+    placement: PlacementParams = field(default_factory=PlacementParams)
+    cache_manager: CacheManagerSettings | None = field(default_factory=CacheManagerSettings)
+    """The global prefix-cache manager's settings (None: no manager)."""
+    controller: PlannerSettings | None = None
+    """The composition controller, when this router runs the transitions itself
+    (``vertumnus up``); None when an external controller (the operator) does."""
+    admission_limit: int = 1024
+    """Requests accepted and not finished, at most; beyond it RESOURCE_EXHAUSTED.
+    Bounds the router's memory and the wait of what it accepted."""
+    request_timeout_s: float = 120.0
+    """Longest a request may take when its client set no deadline."""
+    attempt_timeout_factor: float = 20.0
+    """One attempt at a worker is given this multiple of its predicted service
+    time (plus ``attempt_timeout_floor_s``) before the router gives up on that
+    worker and places the request again: a stuck worker costs a bounded delay."""
+    attempt_timeout_floor_s: float = 10.0
+    max_attempts: int = 3
+    """Placements of one request (the first and the ones after worker failures)."""
+    drain_timeout_s: float = 300.0
+    """Longest a drain waits for the running prefill of a worker."""
+    worker_retry_s: float = 0.5
+    """How often an unreachable worker is probed again."""
+    worker_forget_s: float = 10.0
+    """A worker unreachable this long leaves the prefix index (its cache is gone
+    or stale); it rejoins with a fresh snapshot when it answers again."""
+    scan_interval_s: float | None = None
+    """Seconds between cache-manager scans (None: the manager's own setting)."""
+    load_share_interval_s: float = 0.05
+    """How often replicas exchange their outstanding work through Redis."""
+    store_retry_s: float = 1.0
+    """How often a router that lost Redis tries it again."""
+    index_source: str = "workers"
+    """Where this replica's prefix index comes from: ``workers`` (it follows every
+    worker's cache events, and writes them to the shared store if there is one) or
+    ``store`` (it follows the shared store's change stream: a second replica)."""
+
+    def __post_init__(self) -> None:
+        for name in ("listen",):
+            host, sep, port = getattr(self, name).rpartition(":")
+            if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+                raise ValueError(f"{name}: expected HOST:PORT with a port in 0..65535, got {getattr(self, name)!r}")
+        if self.admission_limit < 1:
+            raise ValueError(f"admission_limit must be >= 1, got {self.admission_limit}")
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        for name in (
+            "request_timeout_s",
+            "attempt_timeout_factor",
+            "attempt_timeout_floor_s",
+            "drain_timeout_s",
+            "worker_retry_s",
+            "worker_forget_s",
+            "load_share_interval_s",
+            "store_retry_s",
+        ):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.index_source not in ("workers", "store"):
+            raise ValueError(f"index_source must be 'workers' or 'store', got {self.index_source!r}")
+        if not self.pool or any(c in self.pool for c in "{}: \t\n"):
+            raise ValueError(f"pool name {self.pool!r} must be non-empty without braces, colons or spaces")

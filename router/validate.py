@@ -1,0 +1,51 @@
+"""Validation of what clients send, at the edge: every error names the field.
+
+A request that fails here never reaches the routing core or a worker; the
+gRPC servicer turns :class:`BadRequest` into ``INVALID_ARGUMENT`` with the
+message as is.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+__all__ = ["BadRequest", "check_prefill"]
+
+_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+class BadRequest(ValueError):
+    """A malformed request; the message names the field and what is wrong with it."""
+
+
+def check_prefill(
+    request_id: str,
+    token_ids: Sequence[int],
+    ttft_slo_seconds: float,
+    *,
+    max_tokens: int,
+    vocab_size: int,
+) -> None:
+    """Raise :class:`BadRequest` unless the prefill request is well formed."""
+    if not _ID.match(request_id):
+        shown = request_id if len(request_id) <= 40 else request_id[:40] + "..."
+        raise BadRequest(
+            f"request_id: must be 1 to 128 characters of letters, digits and '._:-', got {shown!r}"
+        )
+    n = len(token_ids)
+    if n == 0:
+        raise BadRequest(f"token_ids: empty (request {request_id})")
+    if n > max_tokens:
+        raise BadRequest(
+            f"token_ids: {n} tokens, more than the pool's maximum of {max_tokens} (request {request_id})"
+        )
+    lo, hi = min(token_ids), max(token_ids)
+    if lo < 0 or hi >= vocab_size:
+        i, bad = next((i, t) for i, t in enumerate(token_ids) if not 0 <= t < vocab_size)
+        raise BadRequest(
+            f"token_ids[{i}]: {bad} is outside the vocabulary [0, {vocab_size}) (request {request_id})"
+        )
+    if not (math.isfinite(ttft_slo_seconds) and ttft_slo_seconds >= 0):
+        raise BadRequest(f"ttft_slo_seconds: must be >= 0, got {ttft_slo_seconds} (request {request_id})")
