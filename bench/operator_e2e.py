@@ -1,0 +1,168 @@
+"""Operator timings on a real control plane: a 64-GPU pool to Ready, and transitions.
+
+Starts the project's own control plane (``e2e/k8s``: kube-apiserver 1.37 with native gang
+scheduling, scheduler, controller-manager, kwok) in a temporary directory, installs the
+Helm chart, runs the operator as a real process under the chart's ServiceAccount, adds 8
+fake nodes of 8 GPUs, and measures:
+
+1. **apply → Ready**: from ``kubectl apply`` of a 64-GPU CPPool (8 domain pods, one gang)
+   to ``status.phase == Ready`` as a client polling every 20 ms sees it (target ≤ 30 s),
+   over ``--pools`` pools created and deleted one after the other;
+2. **transitions**: ``--transitions`` splits and merges of one domain (a pinned
+   composition alternating between 8xCP8 and 2xCP4+7xCP8), the stand-in router on real
+   gRPC holding each drain for ``--drain`` seconds. Reported per transition, from the
+   operator's own record (``status.lastTransition``: drain, switch = all drained →
+   commit recorded) and from outside: the time from the stand-in router answering the
+   last Drain to a client seeing the commit in the status (target ≤ 5 s excluding the
+   drain), and from the spec patch to the commit.
+
+Needs the binaries of ``bash e2e/k8s/build.sh`` and the ``operator`` extra. Writes JSON
+(``--out``, default ``bench-out/operator_e2e.json``). Run::
+
+    python bench/operator_e2e.py            # ~1 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+kc = _load("e2e_k8s_cluster", ROOT / "e2e" / "k8s" / "cluster.py")
+ops = _load("e2e_operator_support", ROOT / "e2e" / "operator_support.py")
+
+PINNED_A = [{"count": 8, "degree": 8}]
+PINNED_B = [{"count": 2, "degree": 4}, {"count": 7, "degree": 8}]
+
+
+def _summary(xs: list[float]) -> dict[str, float]:
+    return {"n": len(xs), "median": statistics.median(xs), "min": min(xs), "max": max(xs),
+            "mean": statistics.fmean(xs)}
+
+
+def _poll(what: str, timeout: float, probe: Any) -> Any:
+    return ops.wait_for(what, timeout, probe, interval=0.02)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--pools", type=int, default=3, help="64-GPU pools timed to Ready (default 3)")
+    p.add_argument("--transitions", type=int, default=12, help="transitions timed (default 12)")
+    p.add_argument("--drain", type=float, default=0.3, help="seconds the stand-in router holds a drain")
+    p.add_argument("--out", default=str(ROOT / "bench-out" / "operator_e2e.json"))
+    args = p.parse_args()
+    if kc.missing_binaries():
+        print(f"missing {kc.missing_binaries()}: run bash e2e/k8s/build.sh", file=sys.stderr)
+        return 2
+    fake = ops.load_fake_router()
+    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(),
+                              "cpus": __import__("os").cpu_count(), "kubernetes": kc.K8S_VERSION}
+    with tempfile.TemporaryDirectory(prefix="vertumnus-bench-") as tmp:
+        tmpd = Path(tmp)
+        cluster = kc.Cluster(tmpd / "k8s")
+        cluster.start()
+        try:
+            kubeconfig = ops.install_chart(cluster, tmpd / "helm")
+            cluster.add_gpu_nodes(8, gpus=8, prefix="bench")
+            cluster.kubectl("create", "namespace", "bench")
+            ops.wait_for("the default ServiceAccount", 30, lambda: cluster.kubectl(
+                "get", "sa", "default", "-n", "bench", check=False).returncode == 0)
+            operator = ops.OperatorProcess(kubeconfig, tmpd / "operator.log", priority=10, name="bench")
+            with operator, fake.FakeRouter(drain_delay_s=args.drain) as router:
+                time.sleep(2.0)  # the operator's start-up is not part of a pool's time to Ready
+                ready = []
+                for i in range(args.pools):
+                    name = f"pool{i}"
+                    pool = ops.cppool(name, "bench", 64, composition=PINNED_A)
+                    began = time.monotonic()
+                    ops.apply(cluster, pool)
+                    _poll("Ready", 60, lambda n=name: ops.pool_status(cluster, "bench", n).get("phase") == "Ready")
+                    ready.append(time.monotonic() - began)
+                    print(f"{name}: 64 GPUs Ready in {ready[-1]:.2f} s", flush=True)
+                    if i < args.pools - 1:
+                        cluster.kubectl("delete", "cppool", name, "-n", "bench", "--timeout=60s")
+                        _poll("pods gone", 60, lambda n=name: not ops.engine_pods(cluster, "bench", n))
+                result["apply_to_ready_s"] = {**_summary(ready), "values": ready, "gpus": 64,
+                                              "domain_pods": 8}
+
+                name = f"pool{args.pools - 1}"
+                cluster.kubectl("annotate", "cppool", name, "-n", "bench", "--overwrite",
+                                f"vertumnus.io/router-addresses={router.address}")
+                rows = []
+                for k in range(args.transitions):
+                    target = PINNED_B if k % 2 == 0 else PINNED_A
+                    epoch = ops.pool_status(cluster, "bench", name)["epoch"]
+                    drains_before = len(router.drains)
+                    patched = time.monotonic()
+                    cluster.kubectl("patch", "cppool", name, "-n", "bench", "--type=merge",
+                                    "-p", json.dumps({"spec": {"composition": target}}))
+                    wall_patched = time.time()
+
+                    def committed(e=epoch):
+                        st = ops.pool_status(cluster, "bench", name)
+                        return st if st.get("epoch") == e + 1 and not st.get("transitions") else None
+
+                    st = _poll("the commit", 60, committed)
+                    seen = time.monotonic()
+                    wall_seen = time.time()
+                    drains = router.drains[drains_before:]
+                    # The stand-in answers a drain drain_s after the call arrived.
+                    drained_wall = max(t for _, t in drains) + args.drain
+                    last = st["lastTransition"]
+                    rows.append({
+                        "kind": last["kind"],
+                        "epoch": last["epoch"],
+                        "operator_drain_s": last["drainSeconds"],
+                        "operator_switch_s": last["switchSeconds"],
+                        "operator_total_s": last["totalSeconds"],
+                        "observed_after_drain_s": wall_seen - drained_wall,
+                        "observed_patch_to_commit_s": seen - patched,
+                        "patch_to_first_drain_s": min(t for _, t in drains) - wall_patched,
+                    })
+                    print(f"transition {k + 1}: {last['kind']:5s} drain {last['drainSeconds']:.3f} s, "
+                          f"switch {last['switchSeconds']:.3f} s; seen {rows[-1]['observed_after_drain_s']:.3f} s "
+                          "after the drain", flush=True)
+                result["transitions"] = {
+                    "n": len(rows),
+                    "drain_held_s": args.drain,
+                    "switch_excluding_drain_s": _summary([r["operator_switch_s"] for r in rows]),
+                    "observed_after_drain_s": _summary([r["observed_after_drain_s"] for r in rows]),
+                    "patch_to_commit_s": _summary([r["observed_patch_to_commit_s"] for r in rows]),
+                    "rows": rows,
+                }
+                result["router_switches_applied"] = len(router.applied)
+        finally:
+            cluster.stop()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    r, t = result["apply_to_ready_s"], result["transitions"]
+    print(f"apply -> Ready (64 GPUs): median {r['median']:.2f} s, max {r['max']:.2f} s (target <= 30 s)")
+    print(f"transition excluding drain: median {t['switch_excluding_drain_s']['median']:.3f} s, "
+          f"max {t['switch_excluding_drain_s']['max']:.3f} s; seen by a client "
+          f"{t['observed_after_drain_s']['median']:.3f} s after the drain (target <= 5 s)")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

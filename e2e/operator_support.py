@@ -1,0 +1,216 @@
+"""Helpers for the operator's e2e tests (and ``bench/operator_e2e.py``): the chart, the
+operator as a real process, the stand-in router, CPPool manifests, waiting.
+
+Loaded by path (``e2e`` is not a package): ``e2e/conftest.py`` imports it as
+``e2e_operator_support``; the bench does the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "deploy" / "helm" / "vertumnus"
+EXAMPLE = CHART / "examples" / "cppool.yaml"
+FAKE_ROUTER = ROOT / "tests" / "operator" / "fake_router.py"
+RELEASE = "vt"
+SYSTEM_NAMESPACE = "vertumnus-system"
+SERVICE_ACCOUNT = f"{RELEASE}-vertumnus-operator"
+CPPOOLS = "/apis/vertumnus.io/v1alpha1"
+FAKE_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def load_fake_router() -> Any:
+    """The stand-in Admin server module (tests/operator/fake_router.py), by path."""
+    name = "vertumnus_e2e_fake_router"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, FAKE_ROUTER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def wait_for(what: str, timeout: float, probe: Callable[[], Any], interval: float = 0.1) -> Any:
+    """Poll ``probe`` until it returns something truthy; AssertionError naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+
+
+def helm(k8s: Any, *args: str, home: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ, **k8s.env(), "HOME": str(home), "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data"),
+    }
+    result = subprocess.run([str(k8s.bin_dir / "helm"), *args], env=env, capture_output=True,
+                            text=True, timeout=120)
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def install_chart(k8s: Any, home: Path) -> Path:
+    """``helm install`` the chart (operator replicas 0: the tests run the operator as a local
+    process under the chart's ServiceAccount); the SA's kubeconfig."""
+    k8s.kubectl("create", "namespace", SYSTEM_NAMESPACE, check=False)
+    helm(k8s, "install", RELEASE, str(CHART), "-n", SYSTEM_NAMESPACE,
+         "--set", "operator.replicas=0", home=home)
+    k8s.kubectl("wait", "--for=condition=Established", "crd/cppools.vertumnus.io",
+                "crd/clusterkopfpeerings.kopf.dev", "--timeout=30s")
+    return Path(k8s.kubeconfig_for_service_account(SYSTEM_NAMESPACE, SERVICE_ACCOUNT))
+
+
+# `python -m vertumnus.operator ARGS`, dying with the test process (PR_SET_PDEATHSIG = 1).
+_LAUNCH = (
+    "import ctypes, runpy, signal, sys\n"
+    "try:\n    ctypes.CDLL('libc.so.6').prctl(1, signal.SIGKILL)\nexcept OSError:\n    pass\n"
+    "sys.argv = ['vertumnus.operator', *sys.argv[1:]]\n"
+    "runpy.run_module('vertumnus.operator', run_name='__main__', alter_sys=True)\n"
+)
+
+
+class OperatorProcess:
+    """``python -m vertumnus.operator run`` as a subprocess, its log in ``log_path``."""
+
+    def __init__(self, kubeconfig: Path, log_path: Path, *, priority: int, name: str,
+                 peering_lifetime: int = 10, env: dict[str, str] | None = None) -> None:
+        self.kubeconfig = kubeconfig
+        self.log_path = log_path
+        self.priority = priority
+        self.name = name
+        self.peering_lifetime = peering_lifetime
+        self.extra_env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> OperatorProcess:
+        env = {
+            k: v for k, v in os.environ.items()
+            if not k.lower().endswith("_proxy") and k != "KUBECONFIG"
+        }
+        env.update(KUBECONFIG=str(self.kubeconfig), POD_NAME=self.name, PYTHONUNBUFFERED="1",
+                   **self.extra_env)
+        log = open(self.log_path, "ab")  # noqa: SIM115 -- the child keeps it
+        # No preexec_fn: forking a process that serves gRPC (the stand-in router) runs gRPC's
+        # fork handlers, which broke the child; the child sets its own parent-death signal.
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _LAUNCH, "run", f"--priority={self.priority}",
+             f"--peering-lifetime={self.peering_lifetime}"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT),
+        )
+        log.close()
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL: an operator that dies mid-work, leaving its peering entry behind."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        """SIGTERM (kopf leaves its peering entry, so others resume at once)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def __enter__(self) -> OperatorProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def cppool(name: str, namespace: str, gpus: int, node_label: dict[str, str] | None = None,
+           **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "gpus": gpus,
+        "engine": {"image": "ghcr.io/vertumnus/vertumnus:0.1.0"},
+        "redis": {"mode": "none"},
+        "controller": {"windowSeconds": 1},
+        "scheduling": {"tolerations": [FAKE_TOLERATION],
+                       **({"nodeSelector": node_label} if node_label else {})},
+        "router": {"tolerations": [FAKE_TOLERATION],
+                   **({"nodeSelector": node_label} if node_label else {})},
+    }
+    for k, v in spec.items():
+        if isinstance(v, dict) and isinstance(body.get(k), dict):
+            body[k] = {**body[k], **v}
+        else:
+            body[k] = v
+    return {"apiVersion": "vertumnus.io/v1alpha1", "kind": "CPPool",
+            "metadata": {"name": name, "namespace": namespace}, "spec": body}
+
+
+def apply(k8s: Any, *objects: dict[str, Any]) -> None:
+    k8s.kubectl("apply", "-f", "-", input=json.dumps(
+        {"apiVersion": "v1", "kind": "List", "items": list(objects)}))
+
+
+def get_pool(k8s: Any, namespace: str, name: str) -> dict[str, Any]:
+    status, body = k8s.api("GET", f"{CPPOOLS}/namespaces/{namespace}/cppools/{name}")
+    assert status == 200, body
+    return body
+
+
+def pool_status(k8s: Any, namespace: str, name: str) -> dict[str, Any]:
+    return get_pool(k8s, namespace, name).get("status") or {}
+
+
+def engine_pods(k8s: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+    status, body = k8s.api(
+        "GET", f"/api/v1/namespaces/{namespace}/pods?labelSelector=vertumnus.io/pool%3D{name},"
+        "app.kubernetes.io/component%3Dengine")
+    assert status == 200, body
+    return sorted(body["items"], key=lambda p: p["metadata"]["name"])
+
+
+def events(k8s: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+    status, body = k8s.api(
+        "GET", f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.name%3D{name}")
+    assert status == 200, body
+    return sorted(body["items"], key=lambda e: e["metadata"]["name"])
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    for c in status.get("conditions") or []:
+        if c["type"] == type_:
+            return c
+    return {}
+
+
+@contextlib.contextmanager
+def gpu_nodes(k8s: Any, n: int, gpus: int = 8) -> Iterator[dict[str, str]]:
+    """``n`` fake GPU nodes with a label of their own (removed afterwards)."""
+    label = {"vertumnus.e2e/pool": uuid.uuid4().hex[:8]}
+    names = k8s.add_gpu_nodes(n, gpus=gpus, prefix=f"op-{label['vertumnus.e2e/pool']}", labels=label)
+    try:
+        yield label
+    finally:
+        for node in names:
+            if k8s.api("GET", f"/api/v1/nodes/{node}")[0] == 200:  # a test may have removed it
+                k8s.remove_node(node, delete_pods=True, wait=False)

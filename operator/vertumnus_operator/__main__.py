@@ -1,0 +1,155 @@
+"""``python -m vertumnus.operator``: run the operator, print its CRDs, render a pool.
+
+::
+
+    python -m vertumnus.operator run [--namespace NS ...] [--standalone] [--priority N]
+                                     [--peering NAME] [--liveness URL] [--verbose]
+    python -m vertumnus.operator crds [--write]      # print crds/*.yaml; --write refreshes the chart's copy
+    python -m vertumnus.operator render -f cppool.yaml [--uid UID]   # the objects a CPPool becomes
+
+``run`` watches CPPools in every namespace (or only the ``--namespace`` ones) with kopf.
+Peering (on unless ``--standalone``): replicas share the peering object ``--peering``
+(``ClusterKopfPeering``, or ``KopfPeering`` per namespace with ``--namespace``) and only
+the one with the highest priority acts. The priority defaults to a number derived from
+the pod name ($POD_NAME, else the host name), so two replicas of a Deployment differ and
+exactly one acts; equal priorities would make kopf pause both (never both act).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["default_priority", "main"]
+
+ROOT = Path(__file__).resolve().parents[2]
+CRDS = ROOT / "crds"
+CHART_CRDS = ROOT / "deploy" / "helm" / "vertumnus" / "crds"
+
+
+def default_priority(identity: str | None = None) -> int:
+    """A stable per-replica priority in [1, 2**31): from $POD_NAME or the host name."""
+    ident = identity or os.environ.get("POD_NAME") or os.uname().nodename
+    return 1 + zlib.crc32(ident.encode()) % (2**31 - 1)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import kopf
+
+    from vertumnus.operator.handlers import configure, register
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    registry = kopf.OperatorRegistry()
+    register(registry)
+    settings = kopf.OperatorSettings()
+    configure(settings, args.peering_lifetime)
+    priority = args.priority if args.priority is not None else default_priority()
+    logging.getLogger("vertumnus.operator").info(
+        "operator starting: %s, peering %s, priority %d",
+        "namespaces " + ",".join(args.namespace) if args.namespace else "all namespaces",
+        "off" if args.standalone else args.peering, priority,
+    )
+    kopf.run(
+        registry=registry,
+        settings=settings,
+        standalone=args.standalone,
+        priority=priority,
+        peering_name=None if args.standalone else args.peering,
+        liveness_endpoint=args.liveness,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace or (),
+    )
+    return 0
+
+
+def _crds(args: argparse.Namespace) -> int:
+    files = sorted(CRDS.glob("*.yaml"))
+    if args.write:
+        CHART_CRDS.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            shutil.copyfile(f, CHART_CRDS / f.name)
+            print(f"wrote {CHART_CRDS / f.name}")
+        return 0
+    for f in files:
+        sys.stdout.write(f.read_text())
+    return 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    import yaml
+
+    from vertumnus.core import transition as tr
+    from vertumnus.core.lattice import layout_for
+    from vertumnus.operator import resources as res
+    from vertumnus.operator.crd import SpecError, parse_spec
+    from vertumnus.operator.gang import backend_for
+    from vertumnus.operator.reconcile import pool_objects
+
+    docs = [d for d in yaml.safe_load_all(Path(args.file).read_text()) if d]
+    items = []
+    for doc in docs:
+        if doc.get("kind") != "CPPool":
+            continue
+        meta = doc.get("metadata") or {}
+        try:
+            spec = parse_spec(doc.get("spec") or {})
+        except SpecError as e:
+            print(f"{args.file}: {meta.get('name')}: {e}", file=sys.stderr)
+            return 2
+        owner = res.Owner(meta["name"], args.namespace or meta.get("namespace") or "default", args.uid)
+        pool = tr.initial_pool(layout_for(spec.initial_composition(), spec.gpus_per_domain))
+        gang = backend_for(spec.gang.backend, spec.gang.queue)
+        group = gang.group(owner.name, owner.namespace, spec.domains, spec.gpus, res.GPU_RESOURCE,
+                           owner.labels("gang"))
+        if group is not None:
+            group["metadata"]["ownerReferences"] = [owner.reference()]
+            items.append(group)
+        items += pool_objects(spec, owner, pool.layout, pool.epoch)
+        if spec.redis.mode == "managed":
+            items.append(res.redis_secret(owner, "rendered-placeholder"))
+        items += [
+            res.domain_pod(spec, owner, d, pool.layout.domain(d), pool.epoch, gang)
+            for d in range(spec.domains)
+        ]
+    json.dump({"apiVersion": "v1", "kind": "List", "items": items}, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m vertumnus.operator", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run the operator (kopf)")
+    r.add_argument("--namespace", action="append", default=[],
+                   help="watch only this namespace (repeatable; default: all)")
+    r.add_argument("--standalone", action="store_true", help="no peering (a single replica)")
+    r.add_argument("--priority", type=int, default=None,
+                   help="peering priority (default: derived from $POD_NAME / the host name)")
+    r.add_argument("--peering", default=os.environ.get("VERTUMNUS_PEERING", "vertumnus"),
+                   help="peering object name (default vertumnus)")
+    r.add_argument("--peering-lifetime", type=int, default=None,
+                   help="seconds before a silent peer counts as gone (kopf default 60)")
+    r.add_argument("--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    r.add_argument("--verbose", action="store_true")
+    c = sub.add_parser("crds", help="print the CRDs (crds/*.yaml)")
+    c.add_argument("--write", action="store_true", help="copy them into the Helm chart's crds/")
+    d = sub.add_parser("render", help="print the objects a CPPool renders to (a List, JSON)")
+    d.add_argument("-f", "--file", required=True)
+    d.add_argument("--namespace", default=None)
+    d.add_argument("--uid", default="00000000-0000-0000-0000-000000000000")
+    args = p.parse_args(argv)
+    return {"run": _run, "crds": _crds, "render": _render}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The kopf handlers: a daemon per CPPool, a finalizer, the operator's settings.
+
+Registered into a registry the caller owns (:func:`register`), not kopf's global one:
+``python -m vertumnus.operator run`` builds its own. ``kopf run -m
+vertumnus.operator.kopf_entry`` works too: that module registers them into kopf's default
+registry on import, which is what ``kopf run`` reads.
+
+- ``@kopf.daemon`` per CPPool: :class:`vertumnus.operator.pool.PoolRuntime` — reconcile,
+  status, the controller's timer, transitions. kopf stops it when the CPPool is deleted
+  and when this operator pauses for a peer (kopf peering: of the operators sharing a
+  peering object only the one with the highest priority runs; same priorities all
+  pause), so two replicas never both act.
+- ``@kopf.on.delete``: the finalizer's work — delete what the pool made (owner references
+  would let the garbage collector do it too, later; this makes it prompt and explicit).
+- ``@kopf.on.startup``: kopf's own bookkeeping goes to ``operator.vertumnus.io/*``
+  annotations, its finalizer is ``vertumnus.io/finalizer``, and only its warnings become
+  Events (the operator posts its own story, :mod:`vertumnus.operator.events`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from vertumnus.operator.crd import GROUP, PLURAL, VERSION
+from vertumnus.operator.kube import KubeClient, connection_info
+from vertumnus.operator.pool import PoolRuntime
+from vertumnus.operator.reconcile import Reconciler
+from vertumnus.operator.resources import Owner
+
+__all__ = ["FINALIZER", "configure", "register"]
+
+FINALIZER = "vertumnus.io/finalizer"
+ANNOTATION_PREFIX = "operator.vertumnus.io"
+
+
+def configure(settings: kopf.OperatorSettings, peering_lifetime: int | None = None) -> None:
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    if peering_lifetime is not None:
+        settings.peering.lifetime = peering_lifetime
+
+
+def _wake_event(memo: Any) -> asyncio.Event:
+    """The per-object event that wakes a pool's loop (kopf's memo is per object)."""
+    event = memo.get("wake")
+    if event is None:
+        event = memo["wake"] = asyncio.Event()
+    return event
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+        lifetime = os.environ.get("VERTUMNUS_PEERING_LIFETIME")
+        configure(settings, int(lifetime) if lifetime else None)
+        memo["kube"] = KubeClient(connection_info())
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        kube = memo.get("kube")
+        if kube is not None:
+            await kube.close()
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        # kopf's watches and the operator's own calls use the same identity.
+        info: kopf.ConnectionInfo = connection_info()
+        return info
+
+    @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=10.0,
+                 initial_delay=0)
+    async def pool(*, stopped: kopf.DaemonStopped, name: str, namespace: str | None, uid: str,
+                   memo: Any, **_: Any) -> None:
+        runtime = PoolRuntime(memo["kube"], name, namespace or "default", uid,
+                              wake=_wake_event(memo), seen=lambda: memo.get("seen_version"))
+        await runtime.run(stopped)
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    def changed(*, memo: Any, meta: kopf.Meta, **_: Any) -> None:
+        # A change of the CPPool (a spec edit, an annotation) wakes its loop at once
+        # instead of at its next poll; the loop ignores the echo of its own status writes.
+        memo["seen_version"] = meta.get("resourceVersion")
+        _wake_event(memo).set()
+
+    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
+    async def deleted(*, name: str, namespace: str | None, uid: str, spec: kopf.Spec, memo: Any,
+                      logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any) -> None:
+        backend = str((spec.get("gang") or {}).get("backend", "native"))
+        owner = Owner(name, namespace or "default", uid)
+        n = await Reconciler(memo["kube"], owner).delete_all(backend)
+        logger.info("deleted %d objects of pool %s/%s", n, namespace, name)

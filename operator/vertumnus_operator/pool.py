@@ -1,0 +1,542 @@
+"""One CPPool's life in the operator: the loop a kopf daemon runs for it.
+
+Each step (on every change of the CPPool, through a kopf watch event; else about once a
+second, four times a second while pods are being placed, every 2 s for a pool stuck):
+
+1. read the CPPool; parse and check its spec (an invalid one is reported, nothing else
+   is done);
+2. on the first step, load the :class:`~vertumnus.operator.record.Record` from
+   ``status.state`` (or start one from the initial composition) and resume any recorded
+   transition; on a new generation, say in Events what the change does (router settings:
+   ConfigMap rewritten, the router reads it at start; controller settings: applied now; a
+   pinned composition: reached by transitions; GPU budget, domain size, engine image, gang
+   backend: needs new pods, not done);
+3. apply the pool's objects, create missing domain pods (:mod:`vertumnus.operator.reconcile`);
+4. observe pods and gang, write the status if it changed;
+5. once every domain pod is ready: start a split or merge asked for by annotation, or
+   every ``hopSeconds`` read the window from the routers and let the controller decide,
+   or take the next step toward a pinned composition; transitions run in the background
+   (:mod:`vertumnus.operator.transitions`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, Protocol
+
+from vertumnus.core import planner
+from vertumnus.core import transition as tr
+from vertumnus.core.control import Controller
+from vertumnus.core.lattice import Layout, layout_for
+from vertumnus.operator import resources as res
+from vertumnus.operator.crd import (
+    DEFAULT_REDIS_IMAGE,
+    DEFAULT_ROUTER_IMAGE,
+    GROUP,
+    PLURAL,
+    VERSION,
+    PoolSpec,
+    SpecError,
+    parse_spec,
+)
+from vertumnus.operator.events import KubeEvents
+from vertumnus.operator.kube import KubeClient, NotFound, object_path
+from vertumnus.operator.reconcile import Reconciler
+from vertumnus.operator.record import LostRecord, Record, decode_record
+from vertumnus.operator.routerapi import AdminError, RouterAdmin
+from vertumnus.operator.serialize import StateError
+from vertumnus.operator.status import Observation, Problem, StatusStore, build_status
+from vertumnus.operator.transitions import TransitionRunner
+from vertumnus.profiles import ProfileError, load_capacity
+
+__all__ = ["PoolRuntime", "Stopped", "router_addresses"]
+
+log = logging.getLogger(__name__)
+
+ROUTER_ADDRESSES_ENV = "VERTUMNUS_ROUTER_ADDRESSES"
+RESYNC_S = 60.0
+"""Seconds between two full re-applies of a pool's objects (between them, only changes)."""
+
+
+class Stopped(Protocol):
+    """kopf's DaemonStopped, or an asyncio.Event."""
+
+    def is_set(self) -> bool: ...
+
+    async def wait(self, timeout: float | None = None) -> Any: ...
+
+
+async def router_addresses(kube: KubeClient, obj: Mapping[str, Any], spec: PoolSpec) -> list[str]:
+    """Where the router replicas' Admin API listens: the CPPool's
+    ``vertumnus.io/router-addresses`` annotation, else $VERTUMNUS_ROUTER_ADDRESSES, else
+    the ready endpoints of the ``<pool>-router`` Service."""
+    meta = obj["metadata"]
+    pinned = (meta.get("annotations") or {}).get(res.ANN_ROUTER_ADDRESSES) or os.environ.get(
+        ROUTER_ADDRESSES_ENV, ""
+    )
+    if pinned.strip():
+        return [a.strip() for a in pinned.split(",") if a.strip()]
+    slices = await kube.list(
+        object_path("discovery.k8s.io/v1", "endpointslices", meta["namespace"]),
+        f"kubernetes.io/service-name={meta['name']}-router",
+    )
+    out: list[str] = []
+    for sl in slices:
+        port = next((p.get("port") for p in sl.get("ports") or [] if p.get("name") == "grpc"), None)
+        for ep in sl.get("endpoints") or []:
+            if port and (ep.get("conditions") or {}).get("ready", True):
+                out.extend(f"{a}:{port}" for a in ep.get("addresses") or [])
+    return sorted(out)
+
+
+def _shape(layout: Layout) -> tuple[int, int]:
+    return sum(s.degree for s in layout.slots), layout.domain_size
+
+
+class PoolRuntime:
+    def __init__(self, kube: KubeClient, name: str, namespace: str, uid: str,
+                 clock: Any = time.time, wake: asyncio.Event | None = None,
+                 seen: Any = None) -> None:
+        self.kube = kube
+        self.name = name
+        self.namespace = namespace
+        self.owner = res.Owner(name, namespace, uid)
+        self.path = object_path(f"{GROUP}/{VERSION}", PLURAL, namespace, name)
+        self.reconciler = Reconciler(kube, self.owner)
+        self.events = KubeEvents(kube, name, namespace, uid)
+        self.clock = clock
+        self.wake = wake or asyncio.Event()
+        """Set by a watch event on the CPPool: the next step comes at once."""
+        self.seen = seen or (lambda: None)
+        """The resourceVersion of the last watch event (ours, if it echoes our write)."""
+        self.runner: TransitionRunner | None = None
+        self.store: StatusStore | None = None
+        self.obs = Observation()
+        self.conditions: list[dict[str, Any]] = []
+        self.spec: PoolSpec | None = None
+        self.generation: int | None = None
+        self.spec_problems: list[Problem] = []
+        self.router_problem: Problem | None = None
+        self.admin: RouterAdmin | None = None
+        self.next_hop: float | None = None
+        self.created = time.monotonic()
+        self.settling_since = self.created
+        self.applied_all = self.created
+        self._said: set[str] = set()
+        """Event keys already posted (an Event per change, not per step)."""
+        self.was_ready = False
+        """Every domain pod was ready once (a later loss is Degraded, not Pending)."""
+
+    # ---- the loop --------------------------------------------------------------------------
+
+    async def run(self, stopped: Stopped) -> None:
+        backoff = 1.0
+        try:
+            while not stopped.is_set():
+                try:
+                    interval = await self.step()
+                    backoff = 1.0
+                except LostRecord as e:
+                    log.warning("%s/%s: %s; reloading", self.namespace, self.name, e)
+                    await self.reset()
+                    interval = 1.0
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # a step that failed is retried: log, report, back off
+                    log.exception("%s/%s: step failed", self.namespace, self.name)
+                    await self._say_once(f"error:{type(e).__name__}:{e}", "Warning", "ReconcileError",
+                                         f"{type(e).__name__}: {e}")
+                    await self.reset()
+                    interval = backoff
+                    backoff = min(backoff * 2, 30.0)
+                if interval is None:
+                    return
+                await self._sleep(stopped, interval)
+        finally:
+            await self.reset()
+
+    async def _sleep(self, stopped: Stopped, seconds: float) -> None:
+        """Until ``seconds`` pass, the daemon is stopped, or the CPPool changes (other
+        than by this operator's own status write)."""
+        deadline = time.monotonic() + seconds
+        while not stopped.is_set():
+            if self.wake.is_set():
+                self.wake.clear()
+                own = self.store is not None and self.seen() == self.store.resource_version
+                if not own:
+                    await asyncio.sleep(0.02)  # let a burst of watch events settle
+                    return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            waiters = [asyncio.ensure_future(stopped.wait(left)),
+                       asyncio.ensure_future(self.wake.wait())]
+            try:
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waiters:
+                    w.cancel()
+
+    async def reset(self) -> None:
+        """Forget the in-memory state; the next step reloads it from the status."""
+        if self.runner is not None:
+            await self.runner.close()
+        self.runner = None
+        self.store = None
+        self.next_hop = None
+        self.reconciler.forget()
+        if self.admin is not None:
+            await self.admin.close()
+            self.admin = None
+
+    async def _say_once(self, key: str, type_: str, reason: str, message: str) -> None:
+        if key in self._said:
+            return
+        self._said.add(key)
+        await self.events.post(type_, reason, message)
+
+    def _capacity(self, spec_raw: Mapping[str, Any]) -> planner.CapacityProfile:
+        profile = ((spec_raw.get("model") or {}).get("profile")) or "qwen3-30b-a3b/h200"
+        try:
+            return load_capacity(profile)
+        except ProfileError as e:
+            raise SpecError("spec.model.profile", str(e)) from None
+
+    async def step(self) -> float | None:
+        """One pass; returns the seconds until the next (None: stop)."""
+        try:
+            obj = await self.kube.get(self.path)
+        except NotFound:
+            return None  # the CPPool is gone
+        meta = obj["metadata"]
+        if meta.get("deletionTimestamp"):
+            await self.reset()
+            return None
+        generation = int(meta.get("generation", 0))
+        try:
+            capacity = self._capacity(obj.get("spec") or {})
+            spec = parse_spec(
+                obj.get("spec") or {},
+                tuple(sorted(capacity.kappa_per_s)),
+                router_image=os.environ.get("VERTUMNUS_ROUTER_IMAGE") or DEFAULT_ROUTER_IMAGE,
+                redis_image=os.environ.get("VERTUMNUS_REDIS_IMAGE") or DEFAULT_REDIS_IMAGE,
+            )
+            if spec.engine.kind == "sglang":
+                raise SpecError("spec.engine.kind", "sglang is not supported by this operator yet: "
+                                "SGLang fixes a server's CP degree for its lifetime, so its workers "
+                                "cannot be regrouped in place; use torch")
+        except SpecError as e:
+            await self._invalid(obj, generation, e)
+            return 2.0
+
+        if self.runner is None:
+            await self._load(obj, spec, capacity)
+        assert self.runner is not None and self.store is not None
+        if generation != self.generation:
+            await self._spec_changed(spec, capacity)
+            self.generation = generation
+            self.settling_since = time.monotonic()
+        runner = self.runner
+        layout = runner.record.pool.layout
+        effective = spec
+        if _shape(layout) != (spec.gpus, spec.gpus_per_domain):
+            # The budget or domain size changed: keep running the pods that exist.
+            effective = replace(spec, gpus=_shape(layout)[0], gpus_per_domain=layout.domain_size,
+                                composition=None)
+        if time.monotonic() - self.applied_all > RESYNC_S:
+            self.reconciler.forget()  # re-apply everything now and then (hand-deleted objects)
+            self.applied_all = time.monotonic()
+        problems = await self.reconciler.apply(effective, layout, runner.record.pool.epoch)
+        obs = await self.reconciler.observe(effective)
+        obs.generation = generation
+        obs.problems = problems + self.spec_problems + ([self.router_problem] if self.router_problem else [])
+        if obs.all_ready:
+            self.was_ready = True
+        elif self.was_ready:
+            obs.problems.append(Problem(
+                "Degraded", "DomainLost",
+                f"{obs.domains - obs.ready} of {obs.domains} domain pods are not ready (a node lost?): "
+                "missing pods are recreated with the grouping in force; no decision is taken "
+                "until every domain is back",
+            ))
+        await self._observed(obs)
+        await self._write_status_if_changed()
+        if runner.failure is not None:
+            failure, runner.failure = runner.failure, None
+            raise failure
+        if self.was_ready:
+            # Transitions in flight go on even while a domain is missing (they are per domain).
+            await self._refresh_admin(obj, spec)
+            runner.resume()
+        if not obs.all_ready:
+            # Fast while pods are being placed; a pool stuck for a while is polled gently.
+            return 0.25 if time.monotonic() - self.settling_since < 30.0 else 2.0
+        await self._control(obj, spec, effective)
+        return self._interval(spec)
+
+    def _interval(self, spec: PoolSpec) -> float:
+        if self.runner is not None and self.runner.busy:
+            return 0.5
+        if self.next_hop is None:
+            return 1.0
+        return max(0.05, min(1.0, self.next_hop - time.monotonic()))
+
+    # ---- loading and spec changes ----------------------------------------------------------
+
+    async def _invalid(self, obj: Mapping[str, Any], generation: int, err: SpecError) -> None:
+        await self._say_once(f"invalid:{generation}", "Warning", "InvalidSpec", str(err))
+        status = dict(obj.get("status") or {})
+        prev = status.get("conditions") or []
+        from vertumnus.operator.status import condition
+
+        now = self.clock()
+        conds = [
+            condition("Ready", False, "InvalidSpec", str(err), generation, prev, now),
+            condition("Degraded", True, "InvalidSpec", str(err), generation, prev, now),
+        ]
+        others = [c for c in prev if c.get("type") not in ("Ready", "Degraded")]
+        body = {"status": {"observedGeneration": generation, "phase": "Degraded",
+                           "conditions": conds + others}}
+        if status.get("phase") != "Degraded" or status.get("observedGeneration") != generation:
+            await self.kube.merge_patch(self.path + "/status", body)
+        await self.reset()
+
+    async def _load(self, obj: Mapping[str, Any], spec: PoolSpec, capacity: planner.CapacityProfile) -> None:
+        status = obj.get("status") or {}
+        raw = status.get("state")
+        record: Record
+        if raw:
+            try:
+                record = decode_record(raw, status.get("lastTransition"))
+            except (StateError, KeyError, ValueError, TypeError) as e:
+                raise RuntimeError(f"status.state cannot be read back: {e}") from None
+        else:
+            layout = layout_for(spec.initial_composition(), spec.gpus_per_domain)
+            record = Record(tr.initial_pool(layout))
+        self.conditions = list(status.get("conditions") or [])
+        self.store = StatusStore(self.kube, self.namespace, self.name, self._view,
+                                 obj["metadata"]["resourceVersion"])
+        controller = self._controller(record, spec, capacity)
+        self.runner = TransitionRunner(
+            record, self.store, self._admin_now, self.events, self.reconciler.annotate,
+            controller=controller, drain_timeout_s=float(spec.controller.drain_timeout_seconds),
+        )
+        if not raw:
+            await self.runner.checkpoint()  # the initial layout is recorded before any pod exists
+            await self.events.post(
+                "Normal", "Created",
+                f"pool of {spec.gpus} GPUs in {spec.domains} domain pods of {spec.gpus_per_domain}; "
+                f"initial composition {record.pool.layout.composition} (epoch {record.pool.epoch}); "
+                f"gang backend {spec.gang.backend}",
+            )
+        elif record.pool.transitions:
+            await self.events.post(
+                "Normal", "Resumed",
+                "operator (re)started with transition(s) in flight: "
+                + ", ".join(f"{t.id} ({t.kind}, {t.phase.value})" for t in record.pool.transitions)
+                + "; carrying on from the recorded phase",
+            )
+        self.generation = None  # the first step reads the spec as a change from nothing
+        self.spec = None
+
+    def _controller(self, record: Record, spec: PoolSpec, capacity: planner.CapacityProfile) -> Controller | None:
+        if spec.composition is not None or not spec.controller.enabled:
+            return None
+        state = record.controller
+        if state is not None:
+            in_flight = {t.op for t in record.pool.transitions}
+            if any(op not in in_flight for op in state.pending) or (
+                not state.pending and state.layout != record.pool.layout
+            ):
+                state = None  # reshaped by hand or by a pinned composition since
+        return Controller(state or planner.initial_state(record.pool.layout), capacity,
+                          spec.planner_settings())
+
+    async def _spec_changed(self, spec: PoolSpec, capacity: planner.CapacityProfile) -> None:
+        old = self.spec
+        self.spec = spec
+        assert self.runner is not None
+        record = self.runner.record
+        self.spec_problems = []
+        shape = _shape(record.pool.layout)
+        if shape != (spec.gpus, spec.gpus_per_domain):
+            msg = (f"spec asks for {spec.gpus} GPUs in domains of {spec.gpus_per_domain}; the pool "
+                   f"runs {shape[0]} in domains of {shape[1]}. Changing the budget or the domain "
+                   "size needs new pods, which the operator does not make on its own: the pool keeps "
+                   "running as it was (recreate the CPPool to apply)")
+            self.spec_problems.append(Problem("Degraded", "NeedsNewPods", msg))
+            await self._say_once(f"shape:{spec.gpus}:{spec.gpus_per_domain}", "Warning", "NeedsNewPods", msg)
+        if old is None:
+            return
+        if (old.placement, old.cache_manager, old.router, old.redis, old.model) != (
+            spec.placement, spec.cache_manager, spec.router, spec.redis, spec.model
+        ):
+            await self.events.post(
+                "Normal", "RouterConfigUpdated",
+                f"rewrote ConfigMap {self.name}-router (placement beta={spec.placement.beta}, "
+                f"betaBusy={spec.placement.beta_busy}, lambda={spec.placement.lam}, cache manager, "
+                "router, Redis); the router reads it at start and has no live reload: restart it "
+                f"(kubectl rollout restart deployment/{self.name}-router) to apply. The domain pods "
+                "are not restarted",
+            )
+        if (old.engine, old.gang, old.scheduling) != (spec.engine, spec.gang, spec.scheduling):
+            msg = ("spec.engine, spec.gang or spec.scheduling changed: that needs new domain pods, "
+                   "which the operator does not make on its own; the pool keeps running as it was")
+            await self.events.post("Warning", "NeedsNewPods", msg)
+        if old.composition != spec.composition or old.controller != spec.controller or old.degrees != spec.degrees:
+            self.runner.controller = self._controller(record, spec, capacity)
+            self.next_hop = None
+            if spec.composition is not None:
+                await self.events.post(
+                    "Normal", "CompositionPinned",
+                    f"composition pinned to {spec.composition}: reached from "
+                    f"{record.pool.layout.composition} by split/merge transitions; the pods stay; "
+                    "the controller makes no decision while it is pinned",
+                )
+            else:
+                await self.events.post(
+                    "Normal", "ControllerUpdated",
+                    f"controller {'on' if spec.controller.enabled else 'off'} (window "
+                    f"{spec.controller.window_seconds} s, hop {spec.controller.hop} s, thresholds "
+                    f"{spec.controller.lower}/{spec.controller.upper}); applied now",
+                )
+        # No forget(): what the change alters renders differently and is applied next step.
+
+    # ---- status ----------------------------------------------------------------------------
+
+    def _view(self, record: Record) -> dict[str, Any]:
+        return build_status(record, self.obs, self.conditions, self.clock())
+
+    async def _observed(self, obs: Observation) -> None:
+        before = self.obs
+        self.obs = obs
+        if obs.all_ready and not before.all_ready:
+            took = time.monotonic() - self.created
+            await self._say_once(f"ready:{obs.generation}:{obs.domains}", "Normal", "Ready",
+                                 f"all {obs.domains} domain pods bound as one gang and ready "
+                                 f"({obs.ready * obs.gpus_per_domain} GPUs; {took:.1f} s after the "
+                                 "operator took the pool)")
+        gang = obs.gang
+        for p in obs.problems:
+            await self._say_once(f"problem:{p.reason}:{p.message}", "Warning", p.reason, p.message)
+        if gang is not None and gang.scheduled is False and gang.reason not in ("GangDisabled",):
+            await self._say_once(f"gang:{gang.reason}:{gang.message}", "Warning", "GangUnschedulable",
+                                 f"{gang.reason}: {gang.message}")
+
+    async def _write_status_if_changed(self) -> None:
+        assert self.runner is not None and self.store is not None
+        view = self._view(self.runner.record)
+        last = {k: v for k, v in self.store.last_status.items() if k != "state"}
+        if view != last:
+            await self.runner.checkpoint()
+            self.conditions = list(self.store.last_status.get("conditions") or [])
+
+    # ---- control ---------------------------------------------------------------------------
+
+    def _admin_now(self) -> RouterAdmin:
+        if self.admin is None:
+            raise AdminError("-", "UNAVAILABLE", "no router address known")
+        return self.admin
+
+    async def _refresh_admin(self, obj: Mapping[str, Any], spec: PoolSpec) -> RouterAdmin | None:
+        addresses = await router_addresses(self.kube, obj, spec)
+        if self.admin is not None and self.admin.addresses == tuple(addresses):
+            return self.admin
+        if self.admin is not None:
+            await self.admin.close()
+            self.admin = None
+        if addresses:
+            self.admin = RouterAdmin(addresses)
+        return self.admin
+
+    async def _control(self, obj: Mapping[str, Any], spec: PoolSpec, effective: PoolSpec) -> None:
+        runner = self.runner
+        assert runner is not None
+        admin = await self._refresh_admin(obj, spec)
+        pinned = spec.composition if effective.composition is not None else None
+        if await self._by_hand(obj, pinned is not None, admin is not None):
+            return
+        if pinned is not None:
+            if runner.busy:
+                return
+            if admin is None:
+                self._router_down("no router address (no ready endpoint of Service "
+                                  f"{self.name}-router, no {res.ANN_ROUTER_ADDRESSES} annotation)")
+                return
+            op = await runner.pin(pinned, spec.degrees)
+            if op is None and str(runner.record.pool.layout.composition) == str(pinned):
+                await self._say_once(f"pinned:{pinned}:{runner.record.pool.epoch}", "Normal",
+                                     "CompositionReached",
+                                     f"the pool runs the pinned composition {pinned} "
+                                     f"(epoch {runner.record.pool.epoch})")
+            return
+        if runner.controller is None:
+            return
+        hop = float(spec.controller.hop)
+        now = time.monotonic()
+        if self.next_hop is None:
+            self.next_hop = now + hop
+            return
+        if now < self.next_hop:
+            return
+        self.next_hop = max(self.next_hop + hop, now + hop / 2)
+        if admin is None:
+            self._router_down("no router address (no ready endpoint of Service "
+                              f"{self.name}-router, no {res.ANN_ROUTER_ADDRESSES} annotation)")
+            return
+        try:
+            window = await admin.take_window(runner.record.hop + 1)
+        except AdminError as e:
+            self._router_down(str(e))
+            return
+        if self.router_problem is not None:
+            self.router_problem = None
+            self._said = {k for k in self._said if not k.startswith("problem:RouterUnavailable")}
+        await runner.decide(window)
+
+    async def _by_hand(self, obj: Mapping[str, Any], pinned: bool, routed: bool) -> bool:
+        """A split or merge asked for by annotation (``vertumnus.io/split: "7"``,
+        ``vertumnus.io/merge: "3,4"``): begun (recorded) first, then the annotation is
+        removed, so an operator restarted in between finds the workers busy or gone and
+        only removes it. True if one was handled (no other decision this step)."""
+        runner = self.runner
+        assert runner is not None
+        annotations = obj["metadata"].get("annotations") or {}
+        key = next((k for k in (res.ANN_SPLIT, res.ANN_MERGE) if k in annotations), None)
+        if key is None:
+            return False
+        value = str(annotations[key])
+        op: planner.Op | None = None
+        try:
+            ids = [int(x) for x in value.split(",")]
+            if key == res.ANN_SPLIT and len(ids) == 1:
+                op = planner.Split(ids[0], "asked for by annotation")
+            elif key == res.ANN_MERGE and len(ids) == 2:
+                op = planner.Merge((ids[0], ids[1]), "asked for by annotation")
+        except ValueError:
+            op = None
+        members = set() if op is None else set(op.workers if isinstance(op, planner.Merge) else (op.worker,))
+        if op is None:
+            await self.events.post("Warning", "TransitionRefused",
+                                   f"{key}={value!r}: expected a worker id (split) or two (merge, 'A,B')")
+        elif pinned:
+            await self.events.post("Warning", "TransitionRefused",
+                                   f"{key}={value}: the composition is pinned (spec.composition); "
+                                   "change the pin instead")
+        elif members & runner.record.pool.busy() or runner.busy or not routed:
+            return True  # wait: its workers (or the pool) are in a transition, or no router yet
+        else:
+            await runner.manual(op)
+        await self.kube.merge_patch(self.path, {"metadata": {"annotations": {key: None}}})
+        return True
+
+    def _router_down(self, why: str) -> None:
+        self.router_problem = Problem(
+            "Degraded", "RouterUnavailable",
+            f"the controller cannot read the window demand: {why}",
+        )

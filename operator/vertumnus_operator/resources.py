@@ -1,0 +1,464 @@
+"""Rendering a CPPool into the Kubernetes objects that run it (pure: dicts in, dicts out).
+
+For a pool ``P`` in namespace ``N`` (every object labelled ``vertumnus.io/pool: P`` and
+owned by the CPPool, so deleting it lets the garbage collector remove them all):
+
+- ``P-d0`` … ``P-d{n-1}``: one **domain pod** per NVLink domain, holding all its GPUs
+  (``nvidia.com/gpu: gpusPerDomain``) and running one rank process per GPU
+  (``vertumnus serve --ranks G``). Its workers — groups of ranks — and the epoch are
+  annotations (``vertumnus.io/grouping: 0:CP4@0,1:CP4@4``, ``vertumnus.io/epoch``,
+  ``vertumnus.io/degrees: 4,4``). The container reads the degrees from a downward-API
+  file, so the pod spec never depends on the grouping: a split or merge rewrites
+  annotations and leaves the pod (and its UID) alone; a restarted container rejoins with
+  the grouping in force.
+- the gang object (:mod:`vertumnus.operator.gang`), named ``P``;
+- ``P-engines``: a headless Service giving each domain pod a DNS name
+  (``P-d0.P-engines.N.svc``), which the router dials;
+- ``P-router``: the router's ConfigMap (``router.json``: model, profile, placement β /
+  β_busy / λ, cache manager, Redis, engines; ``layout.json``: the grouping in force),
+  Deployment and Service;
+- with ``redis.mode: managed``: ``P-redis`` Secret (a generated password, created once,
+  never rewritten), Deployment and Service.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from vertumnus.core.lattice import Layout, Slot
+from vertumnus.operator.crd import API_VERSION, KIND, PoolSpec
+from vertumnus.operator.gang import GangBackend
+
+__all__ = [
+    "ANN_DEGREES",
+    "ANN_EPOCH",
+    "ANN_GROUPING",
+    "ANN_MERGE",
+    "ANN_ROUTER_ADDRESSES",
+    "ANN_SPLIT",
+    "ANN_SPEC_HASH",
+    "GPU_RESOURCE",
+    "LABEL_COMPONENT",
+    "LABEL_DOMAIN",
+    "LABEL_POOL",
+    "Owner",
+    "configmap",
+    "domain_pod",
+    "engines_service",
+    "format_grouping",
+    "parse_grouping",
+    "pod_name",
+    "redis_objects",
+    "router_deployment",
+    "router_service",
+]
+
+GPU_RESOURCE = "nvidia.com/gpu"
+LABEL_POOL = "vertumnus.io/pool"
+LABEL_DOMAIN = "vertumnus.io/domain"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+ANN_EPOCH = "vertumnus.io/epoch"
+ANN_GROUPING = "vertumnus.io/grouping"
+ANN_DEGREES = "vertumnus.io/degrees"
+ANN_SPEC_HASH = "vertumnus.io/pod-spec-hash"
+ANN_ROUTER_ADDRESSES = "vertumnus.io/router-addresses"
+"""On a CPPool: the router replicas' Admin addresses (``host:port,...``), instead of the
+router Service's endpoints (for a router outside the cluster, or the e2e's stand-in)."""
+
+ANN_SPLIT = "vertumnus.io/split"
+"""On a CPPool: split this worker now (``"7"``); removed once the transition has begun."""
+ANN_MERGE = "vertumnus.io/merge"
+"""On a CPPool: merge these two buddies now (``"3,4"``)."""
+
+PODINFO = "/etc/vertumnus/pod"
+ROUTER_CONFIG = "/etc/vertumnus/router"
+
+
+class Owner:
+    """The CPPool that owns the rendered objects."""
+
+    def __init__(self, name: str, namespace: str, uid: str) -> None:
+        self.name = name
+        self.namespace = namespace
+        self.uid = uid
+
+    def reference(self) -> dict[str, Any]:
+        return {"apiVersion": API_VERSION, "kind": KIND, "name": self.name, "uid": self.uid,
+                "controller": True}
+
+    def labels(self, component: str) -> dict[str, str]:
+        return {
+            "app.kubernetes.io/name": "vertumnus",
+            "app.kubernetes.io/instance": self.name,
+            "app.kubernetes.io/managed-by": "vertumnus-operator",
+            LABEL_COMPONENT: component,
+            LABEL_POOL: self.name,
+        }
+
+    def meta(self, name: str, component: str, **extra_labels: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "namespace": self.namespace,
+            "labels": {**self.labels(component), **extra_labels},
+            "ownerReferences": [self.reference()],
+        }
+
+
+def pod_name(pool: str, domain: int) -> str:
+    return f"{pool}-d{domain}"
+
+
+def format_grouping(slots: Sequence[Slot]) -> str:
+    """``0:CP4@0,1:CP4@4``: worker id, degree and first rank of each worker of a domain."""
+    return ",".join(f"{s.worker}:CP{s.degree}@{s.offset}" for s in sorted(slots, key=lambda s: s.offset))
+
+
+def parse_grouping(text: str, domain: int) -> tuple[Slot, ...]:
+    """The inverse of :func:`format_grouping` (ValueError naming the bad term)."""
+    out = []
+    for term in filter(None, text.split(",")):
+        try:
+            wid, rest = term.split(":")
+            deg, off = rest.removeprefix("CP").split("@")
+            out.append(Slot(int(wid), int(deg), domain, int(off)))
+        except ValueError:
+            raise ValueError(f"bad grouping term {term!r} in {text!r}; expected WORKER:CPDEGREE@OFFSET") from None
+    return tuple(out)
+
+
+def _degrees(slots: Sequence[Slot]) -> str:
+    return ",".join(str(s.degree) for s in sorted(slots, key=lambda s: s.offset))
+
+
+def grouping_annotations(slots: Sequence[Slot], epoch: int) -> dict[str, str]:
+    return {ANN_EPOCH: str(epoch), ANN_GROUPING: format_grouping(slots), ANN_DEGREES: _degrees(slots)}
+
+
+def _engine_command(spec: PoolSpec) -> list[str]:
+    e = spec.engine
+    args = [
+        "vertumnus", "serve",
+        "--ranks", str(spec.gpus_per_domain),
+        "--degrees", f'"$(cat {PODINFO}/degrees)"',
+        "--host", "0.0.0.0",
+        "--base-port", str(e.base_port),
+        "--block-size", str(e.block_size),
+        "--dtype", e.dtype,
+        "--max-tokens", str(e.max_tokens),
+        "--device", "cuda",
+    ]
+    if spec.model.path:
+        args += ["--model", shlex.quote(spec.model.path)]
+    # A shell reads the grouping in force at (re)start from the downward-API file.
+    return ["sh", "-c", "exec " + " ".join(args)]
+
+
+def pod_spec(spec: PoolSpec, owner: Owner, domain: int, gang: GangBackend) -> dict[str, Any]:
+    """The domain pod's ``spec`` (everything that cannot change without a new pod)."""
+    gang_spec, _ = gang.pod_fields(owner.name)
+    sched = spec.scheduling
+    body: dict[str, Any] = {
+        "hostname": pod_name(owner.name, domain),
+        "subdomain": f"{owner.name}-engines",
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": 30,
+        "containers": [
+            {
+                "name": "engine",
+                "image": spec.engine.image,
+                "command": _engine_command(spec),
+                "env": [
+                    {"name": "VERTUMNUS_POOL", "value": owner.name},
+                    {"name": "VERTUMNUS_DOMAIN", "value": str(domain)},
+                ],
+                "ports": [
+                    {"name": f"rank-{r}", "containerPort": spec.engine.base_port + r}
+                    for r in range(spec.gpus_per_domain)
+                ],
+                "resources": {"limits": {GPU_RESOURCE: str(spec.gpus_per_domain)}},
+                "volumeMounts": [{"name": "podinfo", "mountPath": PODINFO, "readOnly": True}],
+            }
+        ],
+        "volumes": [
+            {
+                "name": "podinfo",
+                "downwardAPI": {
+                    "items": [
+                        {"path": "degrees",
+                         "fieldRef": {"fieldPath": f"metadata.annotations['{ANN_DEGREES}']"}},
+                        {"path": "epoch",
+                         "fieldRef": {"fieldPath": f"metadata.annotations['{ANN_EPOCH}']"}},
+                    ]
+                },
+            }
+        ],
+        **gang_spec,
+    }
+    if sched.node_selector:
+        body["nodeSelector"] = dict(sched.node_selector)
+    if sched.tolerations:
+        body["tolerations"] = [dict(t) for t in sched.tolerations]
+    if sched.priority_class_name:
+        body["priorityClassName"] = sched.priority_class_name
+    return body
+
+
+def spec_hash(pod_spec_body: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(pod_spec_body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def domain_pod(spec: PoolSpec, owner: Owner, domain: int, slots: Sequence[Slot], epoch: int,
+               gang: GangBackend) -> dict[str, Any]:
+    body = pod_spec(spec, owner, domain, gang)
+    _, gang_annotations = gang.pod_fields(owner.name)
+    meta = owner.meta(pod_name(owner.name, domain), "engine", **{LABEL_DOMAIN: str(domain)})
+    meta["annotations"] = {
+        **grouping_annotations(slots, epoch),
+        ANN_SPEC_HASH: spec_hash(body),
+        **gang_annotations,
+    }
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": body}
+
+
+def engines_service(owner: Owner, spec: PoolSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": owner.meta(f"{owner.name}-engines", "engine"),
+        "spec": {
+            "clusterIP": "None",
+            # The router dials engines by DNS name before they report Ready (it probes them).
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_POOL: owner.name, LABEL_COMPONENT: "engine"},
+            "ports": [{"name": "rank-0", "port": spec.engine.base_port}],
+        },
+    }
+
+
+def router_config(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
+    """What the router reads at start (``router.json``)."""
+    redis: dict[str, Any] = {"mode": spec.redis.mode}
+    url = redis_url(spec, owner)
+    if url:
+        redis["url"] = url
+    if _redis_env(spec, owner):
+        redis["passwordEnv"] = REDIS_PASSWORD_ENV
+    c, k, p = spec.controller, spec.cache_manager, spec.placement
+    return {
+        "pool": owner.name,
+        "namespace": owner.namespace,
+        "port": spec.router.port,
+        "metricsPort": spec.router.metrics_port,
+        "admissionLimit": spec.router.admission_limit,
+        "model": {"name": spec.model.name, "path": spec.model.path, "profile": spec.model.profile},
+        "engine": {"kind": spec.engine.kind, "blockSize": spec.engine.block_size,
+                   "maxTokens": spec.engine.max_tokens},
+        "placement": {"beta": p.beta, "betaBusy": p.beta_busy, "lambda": p.lam},
+        "cacheManager": {
+            "enabled": k.enabled, "thetaInter": k.theta_inter, "thetaIntra": k.theta_intra,
+            "thetaReclaim": k.theta_reclaim, "decay": k.decay,
+            "scanIntervalSeconds": k.scan_interval_seconds,
+        },
+        # The operator runs the composition controller and calls Admin.Switch; the
+        # router only reports windows (Admin.TakeWindow) and executes switches.
+        "controller": {"external": True, "windowSeconds": c.window_seconds, "hopSeconds": c.hop},
+        "redis": redis,
+        "domainSize": spec.gpus_per_domain,
+        "engines": [
+            {
+                "domain": d,
+                "pod": pod_name(owner.name, d),
+                "host": f"{pod_name(owner.name, d)}.{owner.name}-engines.{owner.namespace}.svc",
+                "basePort": spec.engine.base_port,
+            }
+            for d in range(spec.domains)
+        ],
+    }
+
+
+def layout_document(layout: Layout, epoch: int) -> dict[str, Any]:
+    """``layout.json``: the grouping in force, for a router that (re)starts."""
+    return {
+        "epoch": epoch,
+        "domainSize": layout.domain_size,
+        "workers": [
+            {"worker": s.worker, "degree": s.degree, "domain": s.domain, "offset": s.offset}
+            for s in layout.slots
+        ],
+    }
+
+
+def configmap(spec: PoolSpec, owner: Owner, layout: Layout, epoch: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": owner.meta(f"{owner.name}-router", "router"),
+        "data": {
+            "router.json": json.dumps(router_config(spec, owner), indent=2, sort_keys=True),
+            "layout.json": json.dumps(layout_document(layout, epoch), indent=2, sort_keys=True),
+        },
+    }
+
+
+REDIS_PASSWORD_ENV = "VERTUMNUS_REDIS_PASSWORD"
+"""Where the router (and the managed Redis) read the password (never a flag)."""
+
+
+def _redis_env(spec: PoolSpec, owner: Owner) -> list[dict[str, Any]]:
+    if spec.redis.mode == "managed":
+        ref = {"name": f"{owner.name}-redis", "key": "password"}
+    elif spec.redis.mode == "external" and spec.redis.secret_name:
+        ref = {"name": spec.redis.secret_name, "key": spec.redis.secret_key}
+    else:
+        return []
+    return [{"name": REDIS_PASSWORD_ENV, "valueFrom": {"secretKeyRef": ref}}]
+
+
+def redis_url(spec: PoolSpec, owner: Owner) -> str | None:
+    if spec.redis.mode == "managed":
+        return f"redis://{owner.name}-redis.{owner.namespace}.svc:6379/0"
+    if spec.redis.mode == "external":
+        return spec.redis.url
+    return None
+
+
+def router_args(spec: PoolSpec, owner: Owner) -> list[str]:
+    """``vertumnus router`` (router/cli.py) for this pool: one ``--engine`` per domain pod
+    (rank 0's address, in domain order), its ports, profile, admission limit, Redis. The
+    operator runs the transitions, so no ``--controller``."""
+    r = spec.router
+    args = ["vertumnus", "router"]
+    for d in range(spec.domains):
+        host = f"{pod_name(owner.name, d)}.{owner.name}-engines.{owner.namespace}.svc"
+        args += ["--engine", f"{host}:{spec.engine.base_port}"]
+    args += [
+        "--listen", f"0.0.0.0:{r.port}",
+        "--metrics-listen", f"0.0.0.0:{r.metrics_port}",
+        "--pool", owner.name,
+        "--profile", spec.model.profile,
+        "--admission-limit", str(r.admission_limit),
+        "--router-id", "$(POD_NAME)",
+    ]
+    url = redis_url(spec, owner)
+    if url:
+        args += ["--redis-url", url]
+    if not spec.cache_manager.enabled:
+        args.append("--no-cache-manager")
+    return args
+
+
+def router_deployment(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
+    labels = owner.labels("router")
+    r = spec.router
+    pod: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "router",
+                "image": r.image,
+                "args": router_args(spec, owner),
+                "env": [
+                    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    *_redis_env(spec, owner),
+                ],
+                "ports": [
+                    {"name": "grpc", "containerPort": r.port},
+                    {"name": "metrics", "containerPort": r.metrics_port},
+                ],
+                "readinessProbe": {"grpc": {"port": r.port}, "periodSeconds": 5},
+                # router.json / layout.json: the pool's settings and grouping in force, for a
+                # router that reads them (placement and cache-manager settings have no flag yet).
+                "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG, "readOnly": True}],
+            }
+        ],
+        "volumes": [{"name": "config", "configMap": {"name": f"{owner.name}-router"}}],
+    }
+    if r.node_selector:
+        pod["nodeSelector"] = dict(r.node_selector)
+    if r.tolerations:
+        pod["tolerations"] = [dict(t) for t in r.tolerations]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": owner.meta(f"{owner.name}-router", "router"),
+        "spec": {
+            "replicas": r.replicas,
+            "selector": {"matchLabels": {LABEL_POOL: owner.name, LABEL_COMPONENT: "router"}},
+            "template": {"metadata": {"labels": labels}, "spec": pod},
+        },
+    }
+
+
+def router_service(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
+    r = spec.router
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": owner.meta(f"{owner.name}-router", "router"),
+        "spec": {
+            "selector": {LABEL_POOL: owner.name, LABEL_COMPONENT: "router"},
+            "ports": [
+                {"name": "grpc", "port": r.port, "targetPort": "grpc"},
+                {"name": "metrics", "port": r.metrics_port, "targetPort": "metrics"},
+            ],
+        },
+    }
+
+
+def redis_objects(spec: PoolSpec, owner: Owner) -> list[dict[str, Any]]:
+    """Deployment and Service of a managed Redis (its Secret is :func:`redis_secret`)."""
+    if spec.redis.mode != "managed":
+        return []
+    name = f"{owner.name}-redis"
+    pod: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "redis",
+                "image": spec.redis.image,
+                # An index cache: the router rebuilds it from the engines, so no persistence.
+                "args": ["redis-server", "--requirepass", f"$({REDIS_PASSWORD_ENV})", "--save", "",
+                         "--appendonly", "no"],
+                "env": _redis_env(spec, owner),
+                "ports": [{"name": "redis", "containerPort": 6379}],
+                "readinessProbe": {"tcpSocket": {"port": 6379}, "periodSeconds": 5},
+            }
+        ],
+    }
+    if spec.router.node_selector:
+        pod["nodeSelector"] = dict(spec.router.node_selector)
+    if spec.router.tolerations:
+        pod["tolerations"] = [dict(t) for t in spec.router.tolerations]
+    return [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": owner.meta(name, "redis"),
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {LABEL_POOL: owner.name, LABEL_COMPONENT: "redis"}},
+                "template": {"metadata": {"labels": owner.labels("redis")}, "spec": pod},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": owner.meta(name, "redis"),
+            "spec": {
+                "selector": {LABEL_POOL: owner.name, LABEL_COMPONENT: "redis"},
+                "ports": [{"name": "redis", "port": 6379, "targetPort": "redis"}],
+            },
+        },
+    ]
+
+
+def redis_secret(owner: Owner, password: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": owner.meta(f"{owner.name}-redis", "redis"),
+        "type": "Opaque",
+        "stringData": {"password": password},
+    }

@@ -1,0 +1,124 @@
+"""The operator's side of the router's Admin API (``proto/vertumnus/v1/pool.proto``).
+
+The operator never talks to an engine: it drives a transition and reads the demand
+through the router replicas, over gRPC (``grpc.aio``):
+
+- ``Admin.TakeWindow(hop)`` on **every** replica, summed: the demand of one hop (each
+  replica places its own share of the requests). The hop number makes a repeated call
+  (a retry, or an operator restarted within the hop) answer the same report.
+- ``Admin.Drain(worker)`` on every replica, once per participant of a transition: each
+  replica stops placing there and re-places its queued requests; a worker counts as
+  drained when every replica says so.
+- ``Admin.Switch(epoch, domain, grouping, removed, kind)`` on every replica: they regroup
+  the domain's ranks and update their index. Idempotent, so a switch re-sent after an
+  operator restart changes nothing.
+
+:class:`AdminError` carries the gRPC status name and the replica's address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import grpc
+from grpc import aio
+
+from vertumnus._proto import pool_pb2, pool_pb2_grpc
+from vertumnus.core import transition as tr
+
+__all__ = ["AdminError", "RouterAdmin", "Window"]
+
+
+class AdminError(RuntimeError):
+    def __init__(self, address: str, code: str, details: str) -> None:
+        super().__init__(f"router {address}: {code}: {details}")
+        self.address = address
+        self.code = code
+        self.details = details
+
+
+@dataclass
+class Window:
+    """One hop's demand, summed over the router replicas."""
+
+    hop: int
+    demand_s: float = 0.0
+    requests: int = 0
+    long_requests: int = 0
+    long_demand_s: float = 0.0
+    running_remaining_s: dict[int, float] = field(default_factory=dict)
+    """Per worker: the longest remaining running prefill any replica reports."""
+    reused_blocks: dict[int, float] = field(default_factory=dict)
+    reconfiguring: bool = False
+    replicas: int = 0
+
+
+class RouterAdmin:
+    """Admin clients for a set of router replicas (``host:port``), channels kept open."""
+
+    def __init__(self, addresses: Sequence[str], timeout_s: float = 10.0) -> None:
+        if not addresses:
+            raise ValueError("no router address")
+        self.addresses = tuple(addresses)
+        self.timeout_s = timeout_s
+        self._channels = {a: aio.insecure_channel(a) for a in self.addresses}
+        self._stubs = {a: pool_pb2_grpc.AdminStub(c) for a, c in self._channels.items()}
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self._channels.values()))
+
+    async def _call(self, address: str, method: str, request: object, timeout: float) -> object:
+        stub = self._stubs[address]
+        try:
+            return await getattr(stub, method)(request, timeout=timeout)
+        except aio.AioRpcError as e:
+            code = e.code()
+            name = code.name if isinstance(code, grpc.StatusCode) else str(code)
+            raise AdminError(address, name, e.details() or "") from None
+
+    async def _all(self, method: str, request: object, timeout: float) -> list[object]:
+        return list(
+            await asyncio.gather(*(self._call(a, method, request, timeout) for a in self.addresses))
+        )
+
+    async def take_window(self, hop: int) -> Window:
+        reports = await self._all("TakeWindow", pool_pb2.TakeWindowRequest(hop=hop), self.timeout_s)
+        w = Window(hop=hop, replicas=len(reports))
+        for r in reports:
+            assert isinstance(r, pool_pb2.WindowReport)
+            w.demand_s += r.demand_seconds
+            w.requests += r.requests
+            w.long_requests += r.long_requests
+            w.long_demand_s += r.long_demand_seconds
+            w.reconfiguring = w.reconfiguring or r.reconfiguring
+            for load in r.workers:
+                w.running_remaining_s[load.worker] = max(
+                    w.running_remaining_s.get(load.worker, 0.0), load.running_remaining_seconds
+                )
+                w.reused_blocks[load.worker] = w.reused_blocks.get(load.worker, 0.0) + load.reused_blocks
+        return w
+
+    async def drain(self, worker: int, timeout_s: float) -> bool:
+        """Drain ``worker`` at every replica; True once all say it is drained."""
+        req = pool_pb2.DrainRequest(worker=worker, timeout_seconds=timeout_s)
+        replies = await self._all("Drain", req, timeout_s + self.timeout_s)
+        return all(isinstance(r, pool_pb2.DrainResponse) and r.drained for r in replies)
+
+    async def switch(self, action: tr.Switch, kind: str) -> float:
+        """Send ``action`` to every replica; the longest switch time any reported."""
+        req = pool_pb2.SwitchRequest(
+            epoch=action.epoch,
+            domain=action.domain,
+            grouping=[
+                pool_pb2.Slot(worker=s.worker, degree=s.degree, domain=s.domain, offset=s.offset)
+                for s in action.grouping
+            ],
+            removed=list(action.removed),
+            kind=kind,
+        )
+        replies = await self._all("Switch", req, self.timeout_s)
+        return max(
+            (r.switch_seconds for r in replies if isinstance(r, pool_pb2.SwitchResponse)), default=0.0
+        )

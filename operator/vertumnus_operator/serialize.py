@@ -1,0 +1,218 @@
+"""The core's state values as JSON, for the CPPool status (``status.state``).
+
+The serving core keeps the pool's grouping and transitions (:class:`~vertumnus.core.
+transition.PoolState`) and the planner's memory (:class:`~vertumnus.core.planner.
+ControllerState`) as frozen dataclasses with no I/O. The operator records them in the
+CPPool status before it acts on them, and reads them back after a restart, so that
+:func:`vertumnus.core.transition.resume` carries on from the recorded phase. This module
+is that round trip, explicit per type (a generic pickle-like encoder would silently
+follow changes of the core's classes; this one fails loudly, naming the field).
+
+``decode(encode(x)) == x`` for every value the operator records (tested with hypothesis
+in ``tests/operator/test_serialize.py``), except the planner's ``history`` of reasons,
+which is trimmed to its last :data:`HISTORY_KEPT` entries (it only feeds reports).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from vertumnus.core import planner
+from vertumnus.core import transition as tr
+from vertumnus.core.lattice import Layout, Slot
+from vertumnus.core.types import Composition
+
+__all__ = [
+    "HISTORY_KEPT",
+    "StateError",
+    "decode_controller",
+    "decode_layout",
+    "decode_op",
+    "decode_pool",
+    "encode_controller",
+    "encode_layout",
+    "encode_op",
+    "encode_pool",
+]
+
+HISTORY_KEPT = 20
+
+
+class StateError(ValueError):
+    """A recorded state that cannot be read back (the message names the field)."""
+
+
+def _get(d: Mapping[str, Any], key: str, where: str) -> Any:
+    try:
+        return d[key]
+    except (KeyError, TypeError):
+        raise StateError(f"{where}.{key}: missing in the recorded state") from None
+
+
+def encode_slot(s: Slot) -> list[int]:
+    # Compact: a 1,024-GPU pool has up to 1,024 slots and the status has a size limit.
+    return [s.worker, s.degree, s.domain, s.offset]
+
+
+def decode_slot(raw: Any, where: str) -> Slot:
+    if not isinstance(raw, list) or len(raw) != 4 or not all(isinstance(x, int) for x in raw):
+        raise StateError(f"{where}: expected [worker, degree, domain, offset], got {raw!r}")
+    return Slot(*raw)
+
+
+def encode_layout(layout: Layout) -> dict[str, Any]:
+    return {"domainSize": layout.domain_size, "slots": [encode_slot(s) for s in layout.slots]}
+
+
+def decode_layout(raw: Mapping[str, Any], where: str = "layout") -> Layout:
+    slots = _get(raw, "slots", where)
+    return Layout(
+        tuple(decode_slot(s, f"{where}.slots[{i}]") for i, s in enumerate(slots)),
+        int(_get(raw, "domainSize", where)),
+    )
+
+
+def encode_op(op: planner.Op) -> dict[str, Any]:
+    if isinstance(op, planner.Split):
+        return {"split": op.worker, "reason": op.reason}
+    return {"merge": list(op.workers), "reason": op.reason}
+
+
+def decode_op(raw: Mapping[str, Any], where: str = "op") -> planner.Op:
+    reason = str(raw.get("reason", ""))
+    if "split" in raw:
+        return planner.Split(int(raw["split"]), reason)
+    if "merge" in raw:
+        a, b = raw["merge"]
+        return planner.Merge((int(a), int(b)), reason)
+    raise StateError(f"{where}: neither split nor merge: {raw!r}")
+
+
+def encode_transition(t: tr.Transition) -> dict[str, Any]:
+    return {
+        "id": t.id,
+        "op": encode_op(t.op),
+        "removed": [encode_slot(s) for s in t.removed],
+        "added": [encode_slot(s) for s in t.added],
+        "phase": t.phase.value,
+        "drained": sorted(t.drained),
+        "epoch": t.epoch,
+    }
+
+
+def decode_transition(raw: Mapping[str, Any], where: str) -> tr.Transition:
+    phase = _get(raw, "phase", where)
+    try:
+        ph = tr.Phase(phase)
+    except ValueError:
+        raise StateError(f"{where}.phase: unknown phase {phase!r}") from None
+    return tr.Transition(
+        id=int(_get(raw, "id", where)),
+        op=decode_op(_get(raw, "op", where), f"{where}.op"),
+        removed=tuple(decode_slot(s, f"{where}.removed") for s in _get(raw, "removed", where)),
+        added=tuple(decode_slot(s, f"{where}.added") for s in _get(raw, "added", where)),
+        phase=ph,
+        drained=frozenset(int(w) for w in raw.get("drained", ())),
+        epoch=int(raw.get("epoch", 0)),
+    )
+
+
+def encode_pool(pool: tr.PoolState) -> dict[str, Any]:
+    return {
+        "layout": encode_layout(pool.layout),
+        "epoch": pool.epoch,
+        "nextWorker": pool.next_worker,
+        "nextTransition": pool.next_transition,
+        "transitions": [encode_transition(t) for t in pool.transitions],
+    }
+
+
+def decode_pool(raw: Mapping[str, Any], where: str = "status.state.pool") -> tr.PoolState:
+    return tr.PoolState(
+        layout=decode_layout(_get(raw, "layout", where), f"{where}.layout"),
+        epoch=int(_get(raw, "epoch", where)),
+        next_worker=int(_get(raw, "nextWorker", where)),
+        next_transition=int(_get(raw, "nextTransition", where)),
+        transitions=tuple(
+            decode_transition(t, f"{where}.transitions[{i}]")
+            for i, t in enumerate(raw.get("transitions", ()))
+        ),
+    )
+
+
+def _encode_window(w: planner.WindowObservation) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "demand": w.demand_s,
+        "requests": w.requests,
+        "long": w.long_requests,
+        "longDemand": w.long_demand_s,
+        "reconfiguring": w.reconfiguring,
+    }
+    if w.workers:
+        out["workers"] = [[o.worker, o.running_remaining_s, o.reuse_weight] for o in w.workers]
+    for key, value in (
+        ("freshDemand", w.fresh_demand_s),
+        ("freshLong", w.fresh_long_requests),
+        ("freshLongDemand", w.fresh_long_demand_s),
+    ):
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _decode_window(raw: Mapping[str, Any], where: str) -> planner.WindowObservation:
+    fresh_long = raw.get("freshLong")
+    return planner.WindowObservation(
+        demand_s=float(_get(raw, "demand", where)),
+        requests=int(_get(raw, "requests", where)),
+        long_requests=int(_get(raw, "long", where)),
+        long_demand_s=float(raw.get("longDemand", 0.0)),
+        workers=tuple(
+            planner.WorkerObservation(int(w), float(r), float(u)) for w, r, u in raw.get("workers", ())
+        ),
+        reconfiguring=bool(raw.get("reconfiguring", False)),
+        fresh_demand_s=None if raw.get("freshDemand") is None else float(raw["freshDemand"]),
+        fresh_long_requests=None if fresh_long is None else int(fresh_long),
+        fresh_long_demand_s=(
+            None if raw.get("freshLongDemand") is None else float(raw["freshLongDemand"])
+        ),
+    )
+
+
+def encode_controller(state: planner.ControllerState) -> dict[str, Any]:
+    return {
+        "layout": encode_layout(state.layout),
+        "epoch": state.epoch,
+        "splitStreak": state.split_streak,
+        "mergeStreak": state.merge_streak,
+        "momentum": state.momentum,
+        "pending": [encode_op(op) for op in state.pending],
+        "confirming": [_encode_window(w) for w in state.confirming],
+        "target": None if state.target is None else str(state.target),
+        "plan": [_encode_window(w) for w in state.plan],
+        "history": list(state.history[-HISTORY_KEPT:]),
+    }
+
+
+def decode_controller(
+    raw: Mapping[str, Any], where: str = "status.state.controller"
+) -> planner.ControllerState:
+    target = raw.get("target")
+    momentum = raw.get("momentum")
+    if momentum not in (None, "split", "merge"):
+        raise StateError(f"{where}.momentum: expected split, merge or null, got {momentum!r}")
+    return planner.ControllerState(
+        layout=decode_layout(_get(raw, "layout", where), f"{where}.layout"),
+        epoch=int(raw.get("epoch", 0)),
+        split_streak=int(raw.get("splitStreak", 0)),
+        merge_streak=int(raw.get("mergeStreak", 0)),
+        momentum=momentum,
+        pending=tuple(decode_op(o, f"{where}.pending[{i}]") for i, o in enumerate(raw.get("pending", ()))),
+        confirming=tuple(
+            _decode_window(w, f"{where}.confirming[{i}]") for i, w in enumerate(raw.get("confirming", ()))
+        ),
+        target=None if target is None else Composition.parse(target),
+        plan=tuple(_decode_window(w, f"{where}.plan[{i}]") for i, w in enumerate(raw.get("plan", ()))),
+        history=tuple(str(h) for h in raw.get("history", ())),
+    )

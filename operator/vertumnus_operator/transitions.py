@@ -1,0 +1,329 @@
+"""Executing split/merge as epoch transitions: the core's state machine, the router's Admin API.
+
+:class:`TransitionRunner` owns one pool's :class:`~vertumnus.operator.record.Record` and
+carries each transition through the phases of :mod:`vertumnus.core.transition`:
+
+``Draining``
+    recorded first; then ``Admin.Drain(worker)`` for every participant, on every router
+    replica (re-sent until each says drained; the router re-places queued requests).
+``Switching``
+    once all are drained the state machine assigns the epoch; recorded first; then
+    ``Admin.Switch(epoch, domain, grouping, removed, kind)`` on every replica (they
+    regroup the domain's ranks), and the domain pod's annotations are rewritten
+    (``vertumnus.io/epoch``, ``vertumnus.io/grouping``) — the pod itself stays.
+``Committed``
+    recorded with the planner's commit (:meth:`Controller.committed`), which may hand
+    out the next operations of a multi-step transition; those begin at once.
+
+Because every phase is recorded before its actions go out and every action is idempotent
+at the router, a runner built from the last record after a crash (:meth:`resume`)
+completes each transition exactly once: same worker ids, same epoch, one commit.
+
+State changes happen under one lock (a decision, a drain report, a commit), so what is
+recorded is always a state the state machine produced; the RPCs run outside it, several
+transitions at once (disjoint workers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Any, Protocol
+
+from vertumnus.core import planner
+from vertumnus.core import transition as tr
+from vertumnus.core.control import Controller, Tick
+from vertumnus.core.lattice import Slot
+from vertumnus.core.types import Composition
+from vertumnus.operator import controller as ctl
+from vertumnus.operator.events import EventSink
+from vertumnus.operator.record import Record, RecordStore
+from vertumnus.operator.routerapi import AdminError, Window
+
+__all__ = ["Admin", "Annotator", "TransitionRunner"]
+
+log = logging.getLogger(__name__)
+
+
+class Admin(Protocol):
+    """The part of :class:`~vertumnus.operator.routerapi.RouterAdmin` a runner uses."""
+
+    async def drain(self, worker: int, timeout_s: float) -> bool: ...
+
+    async def switch(self, action: tr.Switch, kind: str) -> float: ...
+
+
+Annotator = Callable[[int, Sequence[Slot], int], Awaitable[None]]
+"""``annotate(domain, grouping, epoch)``: write the grouping onto the domain's pod."""
+
+
+def _ids(slots: Sequence[Slot]) -> str:
+    return ",".join(f"{s.worker}(CP{s.degree})" for s in slots)
+
+
+class TransitionRunner:
+    def __init__(
+        self,
+        record: Record,
+        store: RecordStore,
+        admin_for: Callable[[], Admin],
+        events: EventSink,
+        annotate: Annotator,
+        *,
+        controller: Controller | None = None,
+        drain_timeout_s: float = 60.0,
+        retry_s: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.record = record
+        self.store = store
+        self.admin_for = admin_for
+        self.events = events
+        self.annotate = annotate
+        self.controller = controller
+        self.drain_timeout_s = drain_timeout_s
+        self.retry_s = retry_s
+        self.clock = clock
+        self.lock = asyncio.Lock()
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._annotated: dict[int, int] = {}
+        self.failure: BaseException | None = None
+        """The first error that stopped a transition task (the runner must be rebuilt)."""
+
+    # ---- recording -------------------------------------------------------------------------
+
+    async def _write(self, record: Record) -> None:
+        """Persist ``record`` (seq bumped) and make it current. Call under the lock."""
+        record = replace(record, seq=self.record.seq + 1,
+                         controller=None if self.controller is None else self.controller.state)
+        await self.store.write(record)
+        self.record = record
+
+    async def checkpoint(self) -> None:
+        """Record the current state (e.g. after the controller changed its streaks)."""
+        async with self.lock:
+            await self._write(self.record)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.record.pool.transitions)
+
+    @property
+    def running(self) -> int:
+        return sum(1 for t in self._tasks.values() if not t.done())
+
+    # ---- starting --------------------------------------------------------------------------
+
+    async def decide(self, window: Window) -> Tick | None:
+        """One hop of the controller: feed ``window``, tick, begin what it decides, record —
+        all under the lock, so a recorded controller state never has an operation
+        pending that the pool state does not hold."""
+        if self.controller is None:
+            raise RuntimeError("no controller: the composition is pinned or the controller is off")
+        async with self.lock:
+            pool = self.record.pool
+            tick = ctl.feed(self.controller, window, pool.layout, bool(pool.transitions))
+            ops = tick.ops if tick is not None else ()
+            record = replace(self.record, hop=window.hop)
+            if tick is not None and ops:
+                await self.events.post(
+                    "Normal",
+                    "Split" if isinstance(ops[0], planner.Split) else "Merge",
+                    f"utilization {tick.utilization:.2f} over the last window "
+                    f"(demand {tick.observation.demand_s:.2f} s, {tick.observation.requests} "
+                    f"requests): {len(ops)} operation(s) toward {tick.target or 'a new composition'}"
+                    f" ({ops[0].reason})",
+                )
+            record, started = await self._begin(record, ops)
+            await self._write(record)
+        self._spawn(started)
+        return tick
+
+    async def pin(self, target: Composition, degrees: tuple[int, ...]) -> planner.Op | None:
+        """Begin the next step toward a pinned composition, if one can start now."""
+        async with self.lock:
+            pool = self.record.pool
+            op = ctl.next_pinned_op(pool.layout, target, degrees, pool.busy())
+            if op is None:
+                return None
+            record, started = await self._begin(self.record, (op,))
+            await self._write(record)
+        self._spawn(started)
+        return op
+
+    async def manual(self, op: planner.Op) -> bool:
+        """Begin an operation asked for by hand (the CPPool's ``vertumnus.io/split`` or
+        ``vertumnus.io/merge`` annotation); False if the state machine refuses it (an
+        Event says why)."""
+        async with self.lock:
+            record, started = await self._begin(self.record, (op,), by_hand=True)
+            if not started:
+                return False
+            await self._write(record)
+        self._spawn(started)
+        return True
+
+    async def _begin(
+        self, record: Record, ops: Sequence[planner.Op], by_hand: bool = False
+    ) -> tuple[Record, list[tr.Action]]:
+        started: list[tr.Action] = []
+        pool = record.pool
+        now = self.clock()
+        for op in ops:
+            try:
+                pool, t, actions = tr.begin(pool, op)
+            except tr.TransitionError as e:
+                # The planner and the pool disagree (a hand-made change): start afresh.
+                await self.events.post("Warning", "TransitionRefused", f"{op}: {e}")
+                if self.controller is not None and not by_hand:
+                    self.controller.state = planner.initial_state(record.pool.layout)
+                continue
+            record = replace(record, pool=pool).with_started(t.id, now)
+            await self.events.post(
+                "Normal",
+                "Draining",
+                f"transition {t.id}: {t.kind} of worker(s) {_ids(t.removed)} into "
+                f"{_ids(t.added)} in domain {t.domain}: draining",
+            )
+            started.extend(actions)
+        return replace(record, pool=pool), started
+
+    def resume(self) -> list[tr.Action]:
+        """Carry on every recorded transition from its recorded phase (after a restart)."""
+        actions = [a for a in tr.resume(self.record.pool) if a.transition not in self._tasks]
+        self._spawn(actions)
+        return actions
+
+    def _spawn(self, actions: Sequence[tr.Action]) -> None:
+        for action in actions:
+            task = asyncio.create_task(self._carry(action), name=f"transition-{action.transition}")
+            self._tasks[action.transition] = task
+            task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        for tid, t in list(self._tasks.items()):
+            if t is task:
+                del self._tasks[tid]
+        if not task.cancelled() and task.exception() is not None and self.failure is None:
+            self.failure = task.exception()
+
+    async def wait(self) -> None:
+        """Until no transition task runs (re-raises the first failure)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks.values()), return_exceptions=True)
+        if self.failure is not None:
+            raise self.failure
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- carrying --------------------------------------------------------------------------
+
+    async def _carry(self, action: tr.Action) -> None:
+        current: tr.Action | None = action
+        while current is not None:
+            if isinstance(current, tr.Drain):
+                current = await self._drain(current)
+            elif isinstance(current, tr.Switch):
+                await self._switch(current)
+                current = None
+            else:  # a Commit is handled inside _switch
+                current = None
+
+    async def _drain(self, action: tr.Drain) -> tr.Action | None:
+        results = await asyncio.gather(*(self._drain_one(action.transition, w) for w in action.workers))
+        switches = [a for r in results for a in r]
+        return switches[0] if switches else None
+
+    async def _drain_one(self, tid: int, worker: int) -> list[tr.Action]:
+        while True:
+            try:
+                done = await self.admin_for().drain(worker, self.drain_timeout_s)
+            except AdminError as e:
+                if e.code == "NOT_FOUND":
+                    raise
+                done = False
+                log.warning("drain of worker %d: %s; retrying", worker, e)
+            if done:
+                break
+            await asyncio.sleep(self.retry_s)
+        async with self.lock:
+            pool, more = tr.drained(self.record.pool, tid, worker)
+            record = replace(self.record, pool=pool)
+            if not more:
+                self.record = record  # a merge's first buddy: nothing to record yet
+                return []
+            switch = more[0]
+            assert isinstance(switch, tr.Switch)
+            record = record.with_drained(tid, self.clock())
+            await self._write(record)
+            await self.events.post(
+                "Normal",
+                "Switching",
+                f"transition {tid}: drained; switching domain {switch.domain} to "
+                f"{_ids(switch.grouping)} under epoch {switch.epoch}",
+            )
+            return more
+
+    async def _switch(self, action: tr.Switch) -> None:
+        t = self.record.pool.transition(action.transition)
+        while True:
+            try:
+                await self.admin_for().switch(action, t.kind)
+                break
+            except AdminError as e:
+                if e.code in ("INVALID_ARGUMENT", "NOT_FOUND"):
+                    raise
+                log.warning("switch of transition %d: %s; retrying", action.transition, e)
+                await asyncio.sleep(self.retry_s)
+        if self._annotated.get(action.domain, 0) < action.epoch:
+            await self.annotate(action.domain, action.grouping, action.epoch)
+            self._annotated[action.domain] = action.epoch
+        async with self.lock:
+            pool, (commit,) = tr.switched(self.record.pool, action.transition)
+            assert isinstance(commit, tr.Commit)
+            record = replace(self.record, pool=pool)
+            more: Sequence[planner.Op] = ()
+            if self.controller is not None and commit.op in self.controller.state.pending:
+                running = ctl.running_of(pool.layout, {})
+                more = self.controller.committed(
+                    commit.op, commit.new_ids, [s.worker for s in commit.removed], running
+                )
+            elif self.controller is not None and not self.controller.state.pending:
+                # A hand-made operation: the planner starts over from the new layout (it
+                # decided nothing while the transition was in flight).
+                self.controller.state = planner.initial_state(pool.layout)
+            now = self.clock()
+            began = record.started_at(commit.transition)
+            started = now if began is None else began
+            drained_at = record.drained_time(commit.transition)
+            drained = started if drained_at is None else drained_at
+            last: dict[str, Any] = {
+                "id": commit.transition,
+                "kind": commit.kind,
+                "removed": [s.worker for s in commit.removed],
+                "added": commit.new_ids,
+                "epoch": commit.epoch,
+                "reason": commit.op.reason,
+                "drainSeconds": round(drained - started, 4),
+                "switchSeconds": round(now - drained, 4),
+                "totalSeconds": round(now - started, 4),
+                "composition": str(pool.layout.composition),
+            }
+            record = replace(record.forget(commit.transition), last_transition=last)
+            record, started_actions = await self._begin(record, more)
+            await self._write(record)
+            await self.events.post(
+                "Normal",
+                "Committed",
+                f"transition {commit.transition}: {commit.kind} committed under epoch "
+                f"{commit.epoch}; composition {pool.layout.composition} "
+                f"(drain {last['drainSeconds']:.2f} s, switch {last['switchSeconds']:.2f} s)",
+            )
+        self._spawn(started_actions)

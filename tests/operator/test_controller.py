@@ -1,0 +1,66 @@
+"""The walk to a pinned composition, and the controller shell's window feeding."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vertumnus.core import planner
+from vertumnus.core import transition as tr
+from vertumnus.core.control import Controller
+from vertumnus.core.lattice import check_grouping, enumerate_lattice, layout_for
+from vertumnus.core.types import Composition
+from vertumnus.operator.controller import feed, next_pinned_op
+from vertumnus.operator.routerapi import Window
+from vertumnus.profiles import load_capacity
+
+DEGREES = (2, 4, 8)
+LATTICE = enumerate_lattice(32, DEGREES, 8)
+
+
+def _walk(pool: tr.PoolState, target: Composition, degrees=DEGREES, limit=64) -> tuple[tr.PoolState, int]:
+    steps = 0
+    while (op := next_pinned_op(pool.layout, target, degrees, pool.busy())) is not None:
+        pool, t, _ = tr.begin(pool, op)
+        for w in t.members:
+            pool, _ = tr.drained(pool, t.id, w)
+        pool, _ = tr.switched(pool, t.id)
+        check_grouping(pool.layout.slots, 8)
+        steps += 1
+        assert steps <= limit
+    return pool, steps
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.sampled_from(LATTICE), st.sampled_from(LATTICE))
+def test_any_pinned_composition_is_reached_by_splits_and_merges(start, target):
+    pool = tr.initial_pool(layout_for(start, 8))
+    pool, steps = _walk(pool, target)
+    assert Counter(s.degree for s in pool.layout.slots) == Counter(target.degrees)
+    # Per domain, at most (workers before + workers after) operations: no wandering.
+    assert steps <= start.workers + target.workers
+
+
+def test_a_domain_already_at_its_share_is_left_alone():
+    pool = tr.initial_pool(layout_for(Composition.parse("2xCP8"), 8))
+    op = next_pinned_op(pool.layout, Composition.parse("2xCP4+1xCP8"), (4, 8), frozenset())
+    assert op == planner.Split(1, "pinned composition")
+    # ... and a domain whose workers are busy waits (the other one is not reshaped instead).
+    assert next_pinned_op(pool.layout, Composition.parse("2xCP4+1xCP8"), (4, 8), frozenset({1})) is None
+    assert next_pinned_op(pool.layout, Composition.parse("2xCP8"), (4, 8), frozenset()) is None
+
+
+def test_feeding_sums_a_window_into_the_controller():
+    cap = load_capacity("qwen3-30b-a3b/h200")
+    layout = layout_for(Composition.parse("2xCP8"), 8)
+    c = Controller(planner.initial_state(layout), cap, planner.PlannerSettings(window_s=1.0))
+    w = Window(hop=1, demand_s=3.0, requests=30, running_remaining_s={0: 0.2, 99: 5.0},
+               reused_blocks={1: 4.0})
+    tick = feed(c, w, layout, in_flight=False)
+    assert tick is not None and tick.observation.demand_s == 3.0
+    assert {o.worker: o.running_remaining_s for o in tick.observation.workers} == {0: 0.2, 1: 0.0}
+    assert c.windows.reuse_weight(1) > 0
+    tick = feed(c, w, layout, in_flight=True)  # a transition in flight: observe, do nothing
+    assert tick is not None and tick.ops == ()

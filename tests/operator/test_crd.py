@@ -1,0 +1,144 @@
+"""The CRD and the operator's spec parser: one source of truth, the same defaults, errors
+that name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from vertumnus.core.types import Composition
+from vertumnus.operator import crd
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_FILE = ROOT / "crds" / "cppool.yaml"
+MINIMAL = {"gpus": 16, "engine": {"image": "img"}}
+
+
+def _schema() -> dict[str, Any]:
+    doc = yaml.safe_load(CRD_FILE.read_text())
+    (version,) = doc["spec"]["versions"]
+    return version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+def test_the_chart_ships_the_crds_byte_for_byte():
+    chart = ROOT / "deploy" / "helm" / "vertumnus" / "crds"
+    ours = sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
+    assert ours == sorted(p.name for p in chart.glob("*.yaml")) == ["cppool.yaml", "kopf-peering.yaml"]
+    for name in ours:
+        assert (chart / name).read_bytes() == (ROOT / "crds" / name).read_bytes(), (
+            f"deploy/helm/vertumnus/crds/{name} drifted from crds/{name}: "
+            "run python -m vertumnus.operator crds --write"
+        )
+
+
+def _defaults(schema: dict[str, Any]) -> dict[str, Any]:
+    """What the API server stores for an object that gives nothing: nested defaults."""
+    out: dict[str, Any] = {}
+    for key, prop in (schema.get("properties") or {}).items():
+        if "default" in prop:
+            value = prop["default"]
+            if prop.get("type") == "object":
+                value = {**_defaults(prop), **value}
+            out[key] = value
+    return out
+
+
+_CAMEL = {
+    "gpusPerDomain": "gpus_per_domain", "blockSize": "block_size", "maxTokens": "max_tokens",
+    "basePort": "base_port", "betaBusy": "beta_busy", "lambda": "lam",
+    "windowSeconds": "window_seconds", "hopSeconds": "hop_seconds", "mergeAdmit": "merge_admit",
+    "persistWindows": "persist_windows", "drainTimeoutSeconds": "drain_timeout_seconds",
+    "thetaInter": "theta_inter", "thetaIntra": "theta_intra", "thetaReclaim": "theta_reclaim",
+    "scanIntervalSeconds": "scan_interval_seconds", "metricsPort": "metrics_port",
+    "admissionLimit": "admission_limit", "cacheManager": "cache_manager",
+}
+
+
+def test_the_parser_defaults_are_the_crd_defaults():
+    spec = crd.parse_spec(MINIMAL)
+    defaults = _defaults(_schema())
+    defaults["engine"] = _defaults(_schema()["properties"]["engine"])
+    checked = 0
+    for key, value in defaults.items():
+        attr = getattr(spec, _CAMEL.get(key, key))
+        if isinstance(value, dict):
+            for sub, v in value.items():
+                got = getattr(attr, _CAMEL.get(sub, sub))
+                assert got == v, f"spec.{key}.{sub}: CRD default {v!r}, parser {got!r}"
+                checked += 1
+        else:
+            assert (list(attr) if isinstance(attr, tuple) else attr) == value, key
+            checked += 1
+    assert checked >= 30
+    # Parsing the stored form (defaults applied) gives the same spec.
+    assert crd.parse_spec({**defaults, **MINIMAL, "engine": {**defaults["engine"], "image": "img"}}) == spec
+
+
+def test_every_cel_rule_names_its_field():
+    def rules(node: dict[str, Any]) -> list[dict[str, Any]]:
+        out = list(node.get("x-kubernetes-validations") or [])
+        for prop in (node.get("properties") or {}).values():
+            out += rules(prop)
+        return out
+
+    found = rules(_schema())
+    assert len(found) == 10
+    assert all(r.get("fieldPath", "").startswith(".") and r.get("message") for r in found)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"gpus": 12}, "spec.gpus"),
+    ({"gpusPerDomain": 6}, "spec.gpusPerDomain"),
+    ({"degrees": [4, 16]}, "spec.degrees"),
+    ({"degrees": [3]}, "spec.degrees[0]"),
+    ({"degrees": [4, 4]}, "spec.degrees[1]"),
+    ({"composition": [{"count": 2, "degree": 4}]}, "spec.composition"),
+    ({"composition": [{"count": 4, "degree": 2}, {"count": 1, "degree": 8}]}, "spec.composition[0].degree"),
+    ({"engine": {"image": ""}}, "spec.engine.image"),
+    ({"engine": {"image": "x", "dtype": "fp8"}}, "spec.engine.dtype"),
+    ({"placement": {"beta": 0.5}}, "spec.placement.beta"),
+    ({"placement": {"beta": 3.0, "betaBusy": 2.0}}, "spec.placement.betaBusy"),
+    ({"controller": {"lower": 0.95}}, "spec.controller.lower"),
+    ({"controller": {"mergeAdmit": 0.95}}, "spec.controller.mergeAdmit"),
+    ({"controller": {"windowSeconds": 20, "hopSeconds": 7}}, "spec.controller.hopSeconds"),
+    ({"cacheManager": {"thetaReclaim": 5.0}}, "spec.cacheManager.thetaReclaim"),
+    ({"cacheManager": {"decay": 1.0}}, "spec.cacheManager.decay"),
+    ({"redis": {"mode": "external"}}, "spec.redis.url"),
+    ({"redis": {"mode": "cluster"}}, "spec.redis.mode"),
+    ({"gang": {"backend": "kueue"}}, "spec.gang.backend"),
+    ({"router": {"port": 9090}}, "spec.router.metricsPort"),
+    ({"scheduling": {"nodeSelector": {"a": 1}}}, "spec.scheduling.nodeSelector.a"),
+])
+def test_errors_name_the_field(change, field):
+    with pytest.raises(crd.SpecError) as err:
+        crd.parse_spec({**MINIMAL, **change})
+    assert err.value.field == field, str(err.value)
+    assert str(err.value).startswith(field + ": ")
+
+
+def test_a_degree_outside_the_capacity_profile_is_refused():
+    with pytest.raises(crd.SpecError, match=r"spec.degrees: degrees \[16\] are not in the capacity profile"):
+        crd.parse_spec({**MINIMAL, "gpusPerDomain": 16, "degrees": [8, 16]}, (1, 2, 4, 8))
+
+
+def test_composition_initial_and_settings():
+    spec = crd.parse_spec({**MINIMAL, "gpus": 40,
+                           "composition": [{"count": 4, "degree": 4}, {"count": 3, "degree": 8}]})
+    assert spec.composition == Composition.parse("4xCP4+3xCP8") and spec.domains == 5
+    assert spec.initial_composition() == Composition.parse("4xCP4+3xCP8")
+    free = crd.parse_spec({**MINIMAL, "gpus": 40})
+    assert str(free.initial_composition()) == "5xCP8"  # most large-degree workers
+    ps = crd.parse_spec({**MINIMAL, "controller": {"windowSeconds": 30, "hopSeconds": 10}}).planner_settings()
+    assert (ps.window_s, ps.hop, ps.hops_per_window, ps.degrees, ps.domain_size) == (30.0, 10.0, 3, (4, 8), 8)
+    params = crd.parse_spec({**MINIMAL, "placement": {"beta": 2, "betaBusy": 4, "lambda": 0.5}}).placement_params()
+    assert (params.beta, params.beta_busy, params.lam) == (2.0, 4.0, 0.5)
+
+
+def test_installation_defaults_fill_unset_images():
+    spec = crd.parse_spec(MINIMAL, router_image="r:1", redis_image="d:2")
+    assert (spec.router.image, spec.redis.image) == ("r:1", "d:2")
+    spec = crd.parse_spec({**MINIMAL, "router": {"image": "mine"}}, router_image="r:1")
+    assert spec.router.image == "mine"

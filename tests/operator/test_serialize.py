@@ -1,0 +1,80 @@
+"""The state recorded in the CPPool status reads back to the same values (JSON round trip)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vertumnus.core import planner
+from vertumnus.core import transition as tr
+from vertumnus.core.control import Controller
+from vertumnus.core.lattice import enumerate_lattice, layout_for
+from vertumnus.operator import serialize
+from vertumnus.operator.record import Record, decode_record, encode_record
+from vertumnus.profiles import load_capacity
+
+LATTICE = enumerate_lattice(32, (2, 4, 8), 8)
+
+
+@st.composite
+def pool_states(draw):
+    """A pool after a random walk of begin / drained / switched steps."""
+    pool = tr.initial_pool(layout_for(draw(st.sampled_from(LATTICE)), 8))
+    for _ in range(draw(st.integers(0, 12))):
+        choice = draw(st.integers(0, 2))
+        busy = pool.busy()
+        if choice == 0:
+            ops: list[planner.Op] = [planner.Split(s.worker, "s") for s in pool.layout.slots
+                                     if s.degree > 2 and s.worker not in busy]
+            ops += [planner.Merge((a.worker, b.worker), "m") for a, b in
+                    planner.buddy_pairs(pool.layout, {2, 4, 8})
+                    if a.worker not in busy and b.worker not in busy]
+            if ops:
+                pool, _, _ = tr.begin(pool, draw(st.sampled_from(ops)))
+        elif pool.transitions:
+            t = draw(st.sampled_from(pool.transitions))
+            if t.phase is tr.Phase.DRAINING:
+                pool, _ = tr.drained(pool, t.id, draw(st.sampled_from(t.members)))
+            elif choice == 2:
+                pool, _ = tr.switched(pool, t.id)
+    return pool
+
+
+@settings(max_examples=150, deadline=None)
+@given(pool_states())
+def test_a_pool_state_round_trips_through_json(pool):
+    raw = json.loads(json.dumps(serialize.encode_pool(pool)))
+    back = serialize.decode_pool(raw)
+    assert back == pool
+    assert tr.resume(back) == tr.resume(pool)
+
+
+def test_a_controller_state_mid_transition_round_trips():
+    cap = load_capacity("qwen3-30b-a3b/h200")
+    ps = planner.PlannerSettings(window_s=30.0, hop_s=10.0, degrees=(4, 8))
+    layout = layout_for(planner.Composition.parse("5xCP8"), 8)
+    c = Controller(planner.initial_state(layout), cap, ps)
+    for _ in range(8):
+        c.windows.add(40.0, 50, 3, 6.0)
+        c.tick({s.worker: 0.1 for s in c.state.layout.slots}, False)
+    state = c.state
+    assert state.pending and state.plan and state.target is not None  # a rich state
+    raw = json.loads(json.dumps(serialize.encode_controller(state)))
+    assert serialize.decode_controller(raw) == state
+    record = Record(tr.initial_pool(layout), state, hop=8, seq=3, started=((1, 12.5),))
+    again = decode_record(json.loads(json.dumps(encode_record(record))))
+    assert again == record
+
+
+def test_a_bad_record_names_the_field():
+    raw = serialize.encode_pool(tr.initial_pool(layout_for(planner.Composition.parse("1xCP8"), 8)))
+    raw["layout"]["slots"][0] = [0, 8, 0]
+    with pytest.raises(serialize.StateError, match=r"layout.slots\[0\]: expected"):
+        serialize.decode_pool(raw)
+    raw = serialize.encode_pool(tr.initial_pool(layout_for(planner.Composition.parse("1xCP8"), 8)))
+    del raw["nextWorker"]
+    with pytest.raises(serialize.StateError, match="status.state.pool.nextWorker: missing"):
+        serialize.decode_pool(raw)

@@ -1,0 +1,212 @@
+"""Transition execution against the stand-in router (real gRPC on loopback).
+
+Pins the recording discipline: every phase is recorded before its RPCs go out; a runner
+rebuilt from any record (an operator restarted at any phase) completes each transition
+exactly once, with the worker ids and epoch allocated the first time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from vertumnus.core import planner
+from vertumnus.core import transition as tr
+from vertumnus.core.control import Controller
+from vertumnus.core.lattice import layout_for
+from vertumnus.core.types import Composition
+from vertumnus.operator.events import MemoryEvents
+from vertumnus.operator.record import MemoryStore, Record
+from vertumnus.operator.routerapi import RouterAdmin, Window
+from vertumnus.operator.transitions import TransitionRunner
+from vertumnus.profiles import load_capacity
+
+from .fake_router import FakeRouter
+
+CAPACITY = load_capacity("qwen3-30b-a3b/h200")
+
+
+def _layout(text: str):
+    return layout_for(Composition.parse(text), 8)
+
+
+class Pods:
+    """The domain pods' annotations, as the annotator writes them."""
+
+    def __init__(self) -> None:
+        self.grouping: dict[int, tuple] = {}
+        self.calls = 0
+
+    async def annotate(self, domain, grouping, epoch):
+        self.calls += 1
+        self.grouping[domain] = (epoch, tuple(grouping))
+
+
+def _runner(record, store, router, events, pods, controller=None):
+    admin = RouterAdmin([router.address])
+    return TransitionRunner(record, store, lambda: admin, events, pods.annotate,
+                            controller=controller, retry_s=0.01), admin
+
+
+@pytest.fixture
+def router():
+    with FakeRouter() as r:
+        yield r
+
+
+def _fresh(text: str) -> tuple[Record, MemoryStore]:
+    record = Record(tr.initial_pool(_layout(text)))
+    return record, MemoryStore(record)
+
+
+def test_a_pinned_split_is_recorded_before_each_phase(router):
+    record, store = _fresh("2xCP8")
+    router.set_layout([(s.worker, s.degree, s.domain, s.offset) for s in record.pool.layout.slots])
+    seen = {}
+    router.on_drain = lambda w: seen.setdefault("drain", store.last.pool.transitions[0].phase)
+    router.on_switch = lambda req: seen.setdefault("switch", store.last.pool.transitions[0].phase)
+    events, pods = MemoryEvents(), Pods()
+
+    async def go():
+        runner, admin = _runner(record, store, router, events, pods)
+        op = await runner.pin(Composition.parse("2xCP4+1xCP8"), (4, 8))
+        assert op == planner.Split(1, "pinned composition")  # domain 0 already matches
+        await runner.wait()
+        await admin.close()
+        return runner
+
+    runner = asyncio.run(go())
+    assert seen == {"drain": tr.Phase.DRAINING, "switch": tr.Phase.SWITCHING}
+    assert [r.pool.transitions[0].phase for r in store.records[1:3]] == [
+        tr.Phase.DRAINING, tr.Phase.SWITCHING]
+    final = store.last
+    assert final.pool.transitions == () and final.pool.epoch == 2
+    assert str(final.pool.layout.composition) == "2xCP4+1xCP8"
+    assert router.composition() == "2xCP4+1xCP8"
+    assert [(s.epoch, s.domain, s.removed, s.kind) for s in router.applied] == [(2, 1, (1,), "split")]
+    assert pods.grouping[1][0] == 2 and [s.worker for s in pods.grouping[1][1]] == [2, 3]
+    assert events.reasons() == ["Draining", "Switching", "Committed"]
+    assert runner.record.last_transition["added"] == [2, 3]
+    assert runner.record.last_transition["switchSeconds"] >= 0
+
+
+@pytest.mark.parametrize("crash_after", [1, 2])
+def test_a_restart_at_any_recorded_phase_completes_exactly_once(router, crash_after):
+    """Run a merge until ``crash_after`` records exist (1: Draining, 2: Switching), drop the
+    runner as a killed operator would, rebuild from the last record, resume."""
+    record, store = _fresh("4xCP4")
+    router.set_layout([(s.worker, s.degree, s.domain, s.offset) for s in record.pool.layout.slots])
+    events, pods = MemoryEvents(), Pods()
+    if crash_after == 1:
+        router.hold_drains()
+    else:  # the operator dies while the router works on the switch, which then takes effect
+        router.hold_switches()
+
+    async def first_life():
+        runner, admin = _runner(record, store, router, events, pods)
+        await runner.pin(Composition.parse("2xCP4+1xCP8"), (4, 8))
+        for _ in range(500):
+            if len(store.records) > crash_after:
+                break
+            await asyncio.sleep(0.01)
+        await runner.close()
+        await admin.close()
+
+    asyncio.run(first_life())
+    assert store.last.pool.transitions[0].phase is (
+        tr.Phase.DRAINING if crash_after == 1 else tr.Phase.SWITCHING)
+    router.release_drains()
+    router.release_switches()
+
+    async def second_life():
+        runner, admin = _runner(store.last, store, router, events, pods)
+        actions = runner.resume()
+        assert len(actions) == 1
+        await runner.wait()
+        await admin.close()
+
+    asyncio.run(second_life())
+    final = store.last
+    assert final.pool.transitions == () and final.pool.epoch == 2
+    assert [s.worker for s in final.pool.layout.slots] == [0, 1, 4]  # the id allocated at the first begin
+    assert len(router.applied) == 1 and router.applied[0].epoch == 2
+    assert len(router.switches) == crash_after  # after a crash in Switching: one repeat
+    assert events.reasons().count("Committed") == 1
+    assert router.composition() == "2xCP4+1xCP8"
+
+
+def test_the_controller_splits_under_load_and_merges_back(router):
+    layout = _layout("2xCP8")
+    settings = planner.PlannerSettings(window_s=1.0, domain_size=8, degrees=(4, 8))
+    controller = Controller(planner.initial_state(layout), CAPACITY, settings)
+    record, store = _fresh("2xCP8")
+    router.set_layout([(s.worker, s.degree, s.domain, s.offset) for s in layout.slots])
+    events, pods = MemoryEvents(), Pods()
+
+    async def go():
+        runner, admin = _runner(record, store, router, events, pods, controller)
+        hop = 0
+
+        async def hops(n, demand, requests, long_n, long_d):
+            nonlocal hop
+            for _ in range(n):
+                hop += 1
+                router.set_demand(demand, requests, long_n, long_d)
+                await runner.decide(await admin.take_window(hop))
+                await runner.wait()
+
+        await hops(6, 3.0, 30, 0, 0.0)
+        split = str(runner.record.pool.layout.composition)
+        await hops(12, 0.1, 30, 30, 0.1)
+        merged = str(runner.record.pool.layout.composition)
+        await admin.close()
+        return split, merged
+
+    split, merged = asyncio.run(go())
+    assert split == "4xCP4"
+    assert merged == "2xCP8"
+    reasons = events.reasons()
+    assert reasons.count("Committed") == 4 and "Split" in reasons and "Merge" in reasons
+    assert store.last.controller is not None and store.last.controller.pending == ()
+    assert store.last.hop == 18
+
+
+def test_a_window_is_summed_over_replicas():
+    with FakeRouter() as a, FakeRouter() as b:
+        a.set_demand(1.0, 10, 2, 0.5)
+        b.set_demand(2.0, 5, 1, 1.0)
+
+        async def go() -> Window:
+            admin = RouterAdmin([a.address, b.address])
+            w = await admin.take_window(7)
+            again = await admin.take_window(7)
+            await admin.close()
+            assert again == w  # a repeated hop answers the same
+            return w
+
+        w = asyncio.run(go())
+    assert (w.demand_s, w.requests, w.long_requests, w.long_demand_s, w.replicas) == (3.0, 15, 3, 1.5, 2)
+
+
+def test_an_operation_by_hand_restarts_the_planner_from_the_new_layout(router):
+    layout = _layout("2xCP8")
+    controller = Controller(planner.initial_state(layout), CAPACITY,
+                            planner.PlannerSettings(window_s=1.0, domain_size=8, degrees=(4, 8)))
+    record, store = _fresh("2xCP8")
+    router.set_layout([(s.worker, s.degree, s.domain, s.offset) for s in layout.slots])
+    events, pods = MemoryEvents(), Pods()
+
+    async def go():
+        runner, admin = _runner(record, store, router, events, pods, controller)
+        assert not await runner.manual(planner.Split(7))  # no such worker: refused, said
+        assert await runner.manual(planner.Split(1, "by hand"))
+        await runner.wait()
+        await admin.close()
+
+    asyncio.run(go())
+    assert events.events[0][:2] == ("Warning", "TransitionRefused")
+    assert "worker 7 is not in the pool" in events.events[0][2]
+    assert str(store.last.pool.layout.composition) == "2xCP4+1xCP8"
+    assert controller.state.layout == store.last.pool.layout and controller.state.pending == ()
+    assert store.last.controller == controller.state
