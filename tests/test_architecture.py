@@ -1,8 +1,15 @@
-"""Architecture rules that keep the layers honest.
+"""Architecture rules that keep the layers honest (docs/architecture.md).
 
 - The policy core (``vertumnus.core``) does no I/O and reads no clock: it
   imports none of the shells' packages (gRPC, Redis, kopf, Kubernetes, torch)
   nor the standard library's I/O, process, clock or thread modules.
+- **The layer contract**, over the whole import graph (every ``import``,
+  including those inside functions): the core imports nothing of the
+  shells; the shells — simulator, worker, router, operator — import the core
+  (and the profile files) but not each other; only the command line and the
+  local-pool launcher compose them. The graph is built from the source
+  files with the package mapping of ``pyproject.toml`` (``worker/`` is
+  ``vertumnus.worker``, ...), so a mapped folder is checked like any other.
 - Nothing is importable as a bare top-level ``operator`` (the stdlib module).
 - The wheel builds and imports on its own.
 """
@@ -13,12 +20,27 @@ import ast
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "src" / "vertumnus" / "core"
+
+SHELLS = ("vertumnus.sim", "vertumnus.worker", "vertumnus.router", "vertumnus.operator")
+"""Independent of each other: each is a different way to run the core."""
+COMPOSERS = (
+    "vertumnus.cli",
+    "vertumnus.__main__",
+    "vertumnus.local",
+    "vertumnus.demo",
+    "vertumnus.loadgen",
+    "vertumnus.admin",
+)
+"""May import any shell: the command line and the local pool put them together."""
+SHARED = ("vertumnus.core", "vertumnus.profiles", "vertumnus._proto", "vertumnus.data", "vertumnus")
+"""What every shell may import."""
 
 SHELL_PACKAGES = {"grpc", "redis", "kopf", "kubernetes", "torch", "zmq", "safetensors"}
 IMPURE_STDLIB = {
@@ -56,6 +78,90 @@ def test_importing_the_core_pulls_in_no_shell_package():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "", f"importing the core loaded {out}"
+
+
+def _package_dirs() -> dict[str, Path]:
+    """Import name -> folder, from pyproject's package-dir mapping."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    dirs = {"vertumnus": ROOT / "src" / "vertumnus"}
+    for name, folder in config["package-dir"].items():
+        if name:
+            dirs[name] = ROOT / folder
+    return dirs
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Every module of the distribution -> the vertumnus modules it imports (anywhere in it)."""
+    dirs = _package_dirs()
+    # A file belongs to the most specific mapped package whose folder holds it.
+    owners = sorted(dirs.items(), key=lambda kv: -len(kv[1].parts))
+    modules: dict[str, Path] = {}
+    for package, folder in dirs.items():
+        for path in folder.rglob("*.py"):
+            owner, base = next((n, d) for n, d in owners if path.is_relative_to(d))
+            if owner != package or "_proto" in path.parts:
+                continue
+            rel = path.relative_to(base).with_suffix("").parts
+            name = ".".join((package, *rel))
+            modules[name.removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found: set[str] = set()
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    parts = name.split(".")[: len(name.split(".")) - node.level + (1 if is_pkg else 0)]
+                    base = ".".join(parts)
+                    mod = f"{base}.{node.module}" if node.module else base
+                else:
+                    mod = node.module or ""
+                found.add(mod)
+                found.update(f"{mod}.{a.name}" for a in node.names)
+        graph[name] = {m for m in found if m == "vertumnus" or m.startswith("vertumnus.")}
+    return graph
+
+
+def _in(module: str, packages: tuple[str, ...]) -> str | None:
+    return next((p for p in packages if module == p or module.startswith(p + ".")), None)
+
+
+def test_the_import_graph_covers_every_mapped_package():
+    graph = _import_graph()
+    for package in ("vertumnus.core.routing", "vertumnus.sim.engine", "vertumnus.worker.engine", "vertumnus.router"):
+        assert package in graph, f"{package} missing from the import graph: the mapping is wrong"
+
+
+def test_layers_core_imports_no_shell_and_shells_not_each_other():
+    bad = []
+    for module, imports in sorted(_import_graph().items()):
+        for imported in sorted(imports):
+            if _in(module, ("vertumnus.core",)):
+                if not _in(imported, ("vertumnus.core",)) and imported != "vertumnus":
+                    bad.append(f"{module} -> {imported}: the core imports only the core")
+                continue
+            shell = _in(module, SHELLS)
+            if shell is None:
+                continue  # a composer or a shared module
+            other = _in(imported, SHELLS)
+            if other is not None and other != shell:
+                bad.append(f"{module} -> {imported}: shells are independent ({shell} / {other})")
+            if _in(imported, COMPOSERS):
+                bad.append(f"{module} -> {imported}: a shell must not import the command line")
+    assert not bad, "layer contract broken:\n" + "\n".join(bad)
+
+
+def test_shared_modules_import_no_shell():
+    bad = [
+        f"{module} -> {imported}"
+        for module, imports in _import_graph().items()
+        if _in(module, ("vertumnus.profiles", "vertumnus.data")) or module == "vertumnus"
+        for imported in imports
+        if _in(imported, SHELLS + COMPOSERS)
+    ]
+    assert not bad, bad
 
 
 def test_no_top_level_operator_package():

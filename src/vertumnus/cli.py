@@ -29,6 +29,23 @@ DEFAULT_COMPARE = (
 )
 
 
+_EXTRA_OF = {
+    "kubernetes_asyncio": "operator",
+    "aiohttp": "operator",
+    "yaml": "operator",
+    "torch": "worker",
+    "safetensors": "worker",
+    "grpc": "worker",
+    "grpc_health": "worker",
+    "google": "worker",
+    "matplotlib": "plot",
+    "redis": "router",
+    "prometheus_client": "router",
+    "kopf": "operator",
+}
+"""Optional dependencies, by top-level module, and the extra that installs each."""
+
+
 class UsageError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
@@ -288,16 +305,35 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fit(sub)
     _add_trace_stats(sub)
     _add_profiles(sub)
-    try:
-        from vertumnus.worker import cli as worker_cli
-    except ImportError:  # the worker shell is optional; its commands need torch
-        worker_cli = None  # type: ignore[assignment]
-    if worker_cli is not None and hasattr(worker_cli, "register"):
-        worker_cli.register(sub)
+    # The pool's commands. Each module imports its heavy dependencies (torch,
+    # grpc, redis) only when its command runs, so --help stays fast and works
+    # without the extras; a missing extra is one clear line (see main).
+    from vertumnus import admin, loadgen, local
+    from vertumnus.router import cli as router_cli
+    from vertumnus.worker import cli as worker_cli
+
+    for module in (worker_cli, router_cli, local, loadgen, admin):
+        module.register(sub)
+    op = sub.add_parser(
+        "operator",
+        help="the Kubernetes operator: run it, print its CRDs, render a pool (see `vertumnus operator -h`)",
+        add_help=False,
+    )
+    op.set_defaults(func=lambda args: main(["operator", "--help"]))
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["operator"]:
+        # The operator has a command line of its own (kopf's settings among it).
+        try:
+            from vertumnus.operator.__main__ import main as operator_main
+        except ModuleNotFoundError as e:
+            print(f"vertumnus: error: `vertumnus operator` needs {e.name}; install the 'operator' extra: "
+                  "pip install 'vertumnus[operator]'", file=sys.stderr)
+            return 2
+        return int(operator_main(argv[1:]))
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -308,6 +344,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return int(args.func(args))
+    except ModuleNotFoundError as e:
+        extra = _EXTRA_OF.get((e.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"vertumnus: error: `vertumnus {args.command}` needs {e.name}, which is not installed; "
+            f"install the {extra!r} extra: pip install 'vertumnus[{extra}]'",
+            file=sys.stderr,
+        )
+        return 2
     except (UsageError, TraceError, ProfileError, ValueError, FileNotFoundError) as e:
         print(f"vertumnus: error: {e}", file=sys.stderr)
         return 2
