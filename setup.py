@@ -57,7 +57,10 @@ def compile_protos() -> None:
         for generated in Path(tmp).rglob("*_pb2*.py*"):
             text = generated.read_text()
             text = re.sub(
-                r"^from vertumnus(?:\.\w+)*\.v1 import", "from vertumnus._proto import", text, flags=re.M
+                r"^from vertumnus(?:\.\w+)*\.v1 import",
+                "from vertumnus._proto import",
+                text,
+                flags=re.M,
             )
             (OUT / generated.name).write_text(text)
 

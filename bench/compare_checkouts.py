@@ -72,10 +72,23 @@ def run_simulation(tree: Path) -> tuple[float, float]:
     t0 = time.perf_counter()
     subprocess.run(
         _python(
-            tree, "vertumnus", "simulate", "--trace", str(MOONCAKE), "--rate-scale", "9",
-            "--seed", "1", "--compare", "vertumnus:4xCP4+3xCP8", "--no-progress",
+            tree,
+            "vertumnus",
+            "simulate",
+            "--trace",
+            str(MOONCAKE),
+            "--rate-scale",
+            "9",
+            "--seed",
+            "1",
+            "--compare",
+            "vertumnus:4xCP4+3xCP8",
+            "--no-progress",
         ),
-        cwd=tree, check=True, capture_output=True, text=True,
+        cwd=tree,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -89,7 +102,10 @@ def run_placement(tree: Path, repeat: int) -> float:
         out = Path(tmp) / "p.json"
         subprocess.run(
             _python(tree, "bench/placement_speed.py", "--repeat", str(repeat), "--out", str(out)),
-            cwd=tree, check=True, capture_output=True, text=True,
+            cwd=tree,
+            check=True,
+            capture_output=True,
+            text=True,
         )
         return float(json.loads(out.read_text())["cpu_clock"]["decisions_per_s"])
 
@@ -111,10 +127,16 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.runs):
         for label, tree in trees.items():
             sims[label].append(run_simulation(tree))
-            print(f"run {i + 1}/{args.runs} {label}: simulation {sims[label][-1][0]:.2f} s CPU", flush=True)
+            print(
+                f"run {i + 1}/{args.runs} {label}: simulation {sims[label][-1][0]:.2f} s CPU",
+                flush=True,
+            )
         for label, tree in trees.items():
             place[label].append(run_placement(tree, args.placement_repeat))
-            print(f"run {i + 1}/{args.runs} {label}: placement {place[label][-1]:,.0f} decisions/s", flush=True)
+            print(
+                f"run {i + 1}/{args.runs} {label}: placement {place[label][-1]:,.0f} decisions/s",
+                flush=True,
+            )
     report = {
         "date": time.strftime("%Y-%m-%d"),
         "runs": args.runs,

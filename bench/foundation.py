@@ -93,21 +93,31 @@ def fit_error() -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--trace", default=str(MOONCAKE))
     ap.add_argument("--scales", default="6,10", help="rate scales: moderate, heavy")
     ap.add_argument("--out", default="bench-out/foundation.json")
     args = ap.parse_args()
     scales = [float(s) for s in args.scales.split(",")]
     t0 = time.time()
-    results = {"compare": compare(args.trace, scales), "speed": speed(args.trace), "fit": fit_error()}
+    results = {
+        "compare": compare(args.trace, scales),
+        "speed": speed(args.trace),
+        "fit": fit_error(),
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
 
     for scale, rows in results["compare"].items():
         best = rows[f"vertumnus:{POOL}"]
-        print(f"\nrate scale {scale} ({POOL}, 40 GPUs; vertumnus mean busy {best['mean_busy_fraction']:.2f})\n")
-        print("| policy | mean TTFT s | P90 TTFT s | P99 TTFT s | SLO att. | hit rate | mean / vertumnus | P90 / vertumnus |")
+        print(
+            f"\nrate scale {scale} ({POOL}, 40 GPUs; vertumnus mean busy {best['mean_busy_fraction']:.2f})\n"
+        )
+        print(
+            "| policy | mean TTFT s | P90 TTFT s | P99 TTFT s | SLO att. | hit rate | mean / vertumnus | P90 / vertumnus |"
+        )
         print("|---|---|---|---|---|---|---|---|")
         for label, r in rows.items():
             print(
@@ -125,10 +135,14 @@ def main() -> int:
         "fit (5 % noise, {} rows): MAPE by degree {}; alpha {:+.1%}, c {:+.1%}, a {:+.1%}".format(
             f["rows"],
             ", ".join(f"C={k}: {v:.2%}" for k, v in f["mape_by_degree"].items()),
-            f["alpha_rel_err"], f["c_rel_err"], f["a_rel_err"],
+            f["alpha_rel_err"],
+            f["c_rel_err"],
+            f["a_rel_err"],
         )
     )
-    print(f"\n(wall {time.time() - t0:.0f} s; ru_maxrss of this process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB)")
+    print(
+        f"\n(wall {time.time() - t0:.0f} s; ru_maxrss of this process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB)"
+    )
     return 0
 
 

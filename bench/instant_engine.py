@@ -34,7 +34,9 @@ class _Worker:
 
 
 class InstantEngine:
-    def __init__(self, ranks: int, degrees: list[int], block_size: int = 16, vocab: int = 256) -> None:
+    def __init__(
+        self, ranks: int, degrees: list[int], block_size: int = 16, vocab: int = 256
+    ) -> None:
         self.ranks, self.block_size, self.vocab = ranks, block_size, vocab
         self.incarnation = random.SystemRandom().getrandbits(63) or 1
         self.epoch = 1
@@ -46,10 +48,18 @@ class InstantEngine:
         if offset != ranks:
             raise ValueError(f"degrees {degrees} do not cover {ranks} ranks")
 
-    def publish(self, w: _Worker, kind: int, keys: list[int], positions: list[int], parents: list[int]) -> None:
+    def publish(
+        self, w: _Worker, kind: int, keys: list[int], positions: list[int], parents: list[int]
+    ) -> None:
         e = worker_pb2.CacheEvent(
-            kind=kind, block_keys=keys, positions=positions, parent_keys=parents, worker=w.worker,
-            epoch=self.epoch, sequence=len(w.events) + 1, incarnation=self.incarnation,
+            kind=kind,
+            block_keys=keys,
+            positions=positions,
+            parent_keys=parents,
+            worker=w.worker,
+            epoch=self.epoch,
+            sequence=len(w.events) + 1,
+            incarnation=self.incarnation,
         )
         w.events.append(e)
         for q in w.waiters:
@@ -66,15 +76,24 @@ class _Servicer(worker_pb2_grpc.WorkerServicer):
     async def _lead(self, context):  # type: ignore[no-untyped-def]
         w = self._worker()
         if w is None:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"rank {self.rank} leads no worker")
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"rank {self.rank} leads no worker"
+            )
         return w
 
     async def Describe(self, request, context):  # type: ignore[no-untyped-def]
         w = await self._lead(context)
         e = self.engine
         return worker_pb2.DescribeResponse(
-            worker=w.worker, degree=w.degree, offset=w.offset, epoch=e.epoch, incarnation=e.incarnation,
-            block_size=e.block_size, max_tokens=65536, vocab_size=e.vocab, world=e.ranks,
+            worker=w.worker,
+            degree=w.degree,
+            offset=w.offset,
+            epoch=e.epoch,
+            incarnation=e.incarnation,
+            block_size=e.block_size,
+            max_tokens=65536,
+            vocab_size=e.vocab,
+            world=e.ranks,
             cache_blocks=1 << 20,
         )
 
@@ -95,15 +114,17 @@ class _Servicer(worker_pb2_grpc.WorkerServicer):
                 w.blocks[k] = (p, par)
             self.engine.publish(w, worker_pb2.CacheEvent.STORED, new, positions, parents)
         return worker_pb2.PrefillResponse(
-            request_id=request.request_id, first_token_id=tokens[-1],
+            request_id=request.request_id,
+            first_token_id=tokens[-1],
             cached_tokens=min(cached * self.engine.block_size, len(tokens) - 1),
-            degree=w.degree, epoch=self.engine.epoch,
+            degree=w.degree,
+            epoch=self.engine.epoch,
         )
 
     async def StreamCacheEvents(self, request, context):  # type: ignore[no-untyped-def]
         w = await self._lead(context)
         q: asyncio.Queue[worker_pb2.CacheEvent] = asyncio.Queue()
-        for e in w.events[request.from_sequence:]:
+        for e in w.events[request.from_sequence :]:
             q.put_nowait(e)
         w.waiters.append(q)
         try:
@@ -114,9 +135,15 @@ class _Servicer(worker_pb2_grpc.WorkerServicer):
 
     async def ListBlocks(self, request, context):  # type: ignore[no-untyped-def]
         w = await self._lead(context)
-        served = [worker_pb2.ServedBlock(key=k, position=p, parent=par) for k, (p, par) in w.blocks.items()]
+        served = [
+            worker_pb2.ServedBlock(key=k, position=p, parent=par)
+            for k, (p, par) in w.blocks.items()
+        ]
         return worker_pb2.ListBlocksResponse(
-            epoch=self.engine.epoch, served=served, sequence=len(w.events), incarnation=self.engine.incarnation,
+            epoch=self.engine.epoch,
+            served=served,
+            sequence=len(w.events),
+            incarnation=self.engine.incarnation,
             worker=w.worker,
         )
 
@@ -132,7 +159,9 @@ class _Servicer(worker_pb2_grpc.WorkerServicer):
         w = await self._lead(context)
         gone = [k for k in request.block_keys if w.blocks.pop(k, None) is not None]
         if gone:
-            self.engine.publish(w, worker_pb2.CacheEvent.REMOVED, gone, [0] * len(gone), [0] * len(gone))
+            self.engine.publish(
+                w, worker_pb2.CacheEvent.REMOVED, gone, [0] * len(gone), [0] * len(gone)
+            )
         return worker_pb2.EvictBlocksResponse(removed_blocks=len(gone))
 
 

@@ -55,8 +55,13 @@ PINNED_B = [{"count": 2, "degree": 4}, {"count": 7, "degree": 8}]
 
 
 def _summary(xs: list[float]) -> dict[str, float]:
-    return {"n": len(xs), "median": statistics.median(xs), "min": min(xs), "max": max(xs),
-            "mean": statistics.fmean(xs)}
+    return {
+        "n": len(xs),
+        "median": statistics.median(xs),
+        "min": min(xs),
+        "max": max(xs),
+        "mean": statistics.fmean(xs),
+    }
 
 
 def _poll(what: str, timeout: float, probe: Any) -> Any:
@@ -67,15 +72,21 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--pools", type=int, default=3, help="64-GPU pools timed to Ready (default 3)")
     p.add_argument("--transitions", type=int, default=12, help="transitions timed (default 12)")
-    p.add_argument("--drain", type=float, default=0.3, help="seconds the stand-in router holds a drain")
+    p.add_argument(
+        "--drain", type=float, default=0.3, help="seconds the stand-in router holds a drain"
+    )
     p.add_argument("--out", default=str(ROOT / "bench-out" / "operator_e2e.json"))
     args = p.parse_args()
     if kc.missing_binaries():
         print(f"missing {kc.missing_binaries()}: run bash e2e/k8s/build.sh", file=sys.stderr)
         return 2
     fake = ops.load_fake_router()
-    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(),
-                              "cpus": __import__("os").cpu_count(), "kubernetes": kc.K8S_VERSION}
+    result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": platform.machine(),
+        "cpus": __import__("os").cpu_count(),
+        "kubernetes": kc.K8S_VERSION,
+    }
     with tempfile.TemporaryDirectory(prefix="vertumnus-bench-") as tmp:
         tmpd = Path(tmp)
         cluster = kc.Cluster(tmpd / "k8s")
@@ -84,9 +95,17 @@ def main() -> int:
             kubeconfig = ops.install_chart(cluster, tmpd / "helm")
             cluster.add_gpu_nodes(8, gpus=8, prefix="bench")
             cluster.kubectl("create", "namespace", "bench")
-            ops.wait_for("the default ServiceAccount", 30, lambda: cluster.kubectl(
-                "get", "sa", "default", "-n", "bench", check=False).returncode == 0)
-            operator = ops.OperatorProcess(kubeconfig, tmpd / "operator.log", priority=10, name="bench")
+            ops.wait_for(
+                "the default ServiceAccount",
+                30,
+                lambda: (
+                    cluster.kubectl("get", "sa", "default", "-n", "bench", check=False).returncode
+                    == 0
+                ),
+            )
+            operator = ops.OperatorProcess(
+                kubeconfig, tmpd / "operator.log", priority=10, name="bench"
+            )
             with operator, fake.FakeRouter(drain_delay_s=args.drain) as router:
                 time.sleep(2.0)  # the operator's start-up is not part of a pool's time to Ready
                 ready = []
@@ -95,31 +114,58 @@ def main() -> int:
                     pool = ops.cppool(name, "bench", 64, composition=PINNED_A)
                     began = time.monotonic()
                     ops.apply(cluster, pool)
-                    _poll("Ready", 60, lambda n=name: ops.pool_status(cluster, "bench", n).get("phase") == "Ready")
+                    _poll(
+                        "Ready",
+                        60,
+                        lambda n=name: ops.pool_status(cluster, "bench", n).get("phase") == "Ready",
+                    )
                     ready.append(time.monotonic() - began)
                     print(f"{name}: 64 GPUs Ready in {ready[-1]:.2f} s", flush=True)
                     if i < args.pools - 1:
                         cluster.kubectl("delete", "cppool", name, "-n", "bench", "--timeout=60s")
-                        _poll("pods gone", 60, lambda n=name: not ops.engine_pods(cluster, "bench", n))
-                result["apply_to_ready_s"] = {**_summary(ready), "values": ready, "gpus": 64,
-                                              "domain_pods": 8}
+                        _poll(
+                            "pods gone", 60, lambda n=name: not ops.engine_pods(cluster, "bench", n)
+                        )
+                result["apply_to_ready_s"] = {
+                    **_summary(ready),
+                    "values": ready,
+                    "gpus": 64,
+                    "domain_pods": 8,
+                }
 
                 name = f"pool{args.pools - 1}"
-                cluster.kubectl("annotate", "cppool", name, "-n", "bench", "--overwrite",
-                                f"vertumnus.io/router-addresses={router.address}")
+                cluster.kubectl(
+                    "annotate",
+                    "cppool",
+                    name,
+                    "-n",
+                    "bench",
+                    "--overwrite",
+                    f"vertumnus.io/router-addresses={router.address}",
+                )
                 rows = []
                 for k in range(args.transitions):
                     target = PINNED_B if k % 2 == 0 else PINNED_A
                     epoch = ops.pool_status(cluster, "bench", name)["epoch"]
                     drains_before = len(router.drains)
                     patched = time.monotonic()
-                    cluster.kubectl("patch", "cppool", name, "-n", "bench", "--type=merge",
-                                    "-p", json.dumps({"spec": {"composition": target}}))
+                    cluster.kubectl(
+                        "patch",
+                        "cppool",
+                        name,
+                        "-n",
+                        "bench",
+                        "--type=merge",
+                        "-p",
+                        json.dumps({"spec": {"composition": target}}),
+                    )
                     wall_patched = time.time()
 
                     def committed(e=epoch):
                         st = ops.pool_status(cluster, "bench", name)
-                        return st if st.get("epoch") == e + 1 and not st.get("transitions") else None
+                        return (
+                            st if st.get("epoch") == e + 1 and not st.get("transitions") else None
+                        )
 
                     st = _poll("the commit", 60, committed)
                     seen = time.monotonic()
@@ -128,19 +174,24 @@ def main() -> int:
                     # The stand-in answers a drain drain_s after the call arrived.
                     drained_wall = max(t for _, t in drains) + args.drain
                     last = st["lastTransition"]
-                    rows.append({
-                        "kind": last["kind"],
-                        "epoch": last["epoch"],
-                        "operator_drain_s": last["drainSeconds"],
-                        "operator_switch_s": last["switchSeconds"],
-                        "operator_total_s": last["totalSeconds"],
-                        "observed_after_drain_s": wall_seen - drained_wall,
-                        "observed_patch_to_commit_s": seen - patched,
-                        "patch_to_first_drain_s": min(t for _, t in drains) - wall_patched,
-                    })
-                    print(f"transition {k + 1}: {last['kind']:5s} drain {last['drainSeconds']:.3f} s, "
-                          f"switch {last['switchSeconds']:.3f} s; seen {rows[-1]['observed_after_drain_s']:.3f} s "
-                          "after the drain", flush=True)
+                    rows.append(
+                        {
+                            "kind": last["kind"],
+                            "epoch": last["epoch"],
+                            "operator_drain_s": last["drainSeconds"],
+                            "operator_switch_s": last["switchSeconds"],
+                            "operator_total_s": last["totalSeconds"],
+                            "observed_after_drain_s": wall_seen - drained_wall,
+                            "observed_patch_to_commit_s": seen - patched,
+                            "patch_to_first_drain_s": min(t for _, t in drains) - wall_patched,
+                        }
+                    )
+                    print(
+                        f"transition {k + 1}: {last['kind']:5s} drain {last['drainSeconds']:.3f} s, "
+                        f"switch {last['switchSeconds']:.3f} s; seen {rows[-1]['observed_after_drain_s']:.3f} s "
+                        "after the drain",
+                        flush=True,
+                    )
                 result["transitions"] = {
                     "n": len(rows),
                     "drain_held_s": args.drain,
@@ -156,10 +207,14 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     r, t = result["apply_to_ready_s"], result["transitions"]
-    print(f"apply -> Ready (64 GPUs): median {r['median']:.2f} s, max {r['max']:.2f} s (target <= 30 s)")
-    print(f"transition excluding drain: median {t['switch_excluding_drain_s']['median']:.3f} s, "
-          f"max {t['switch_excluding_drain_s']['max']:.3f} s; seen by a client "
-          f"{t['observed_after_drain_s']['median']:.3f} s after the drain (target <= 5 s)")
+    print(
+        f"apply -> Ready (64 GPUs): median {r['median']:.2f} s, max {r['max']:.2f} s (target <= 30 s)"
+    )
+    print(
+        f"transition excluding drain: median {t['switch_excluding_drain_s']['median']:.3f} s, "
+        f"max {t['switch_excluding_drain_s']['max']:.3f} s; seen by a client "
+        f"{t['observed_after_drain_s']['median']:.3f} s after the drain (target <= 5 s)"
+    )
     print(f"wrote {out}")
     return 0
 

@@ -68,8 +68,15 @@ POLICIES: dict[str, str] = {
     **{
         kind: kind
         for kind in (
-            "sglang-cache-aware", "llm-d", "llm-d-precise", "dynamo-kv", "preble",
-            "aibrix-conductor", "vllm-kvaware", "round-robin", "least-requests",
+            "sglang-cache-aware",
+            "llm-d",
+            "llm-d-precise",
+            "dynamo-kv",
+            "preble",
+            "aibrix-conductor",
+            "vllm-kvaware",
+            "round-robin",
+            "least-requests",
         )
     },
 }
@@ -139,7 +146,9 @@ def run_one(task: tuple[str, str, str, float]) -> dict[str, Any]:
             "mean_busy": {k: float(np.mean(v)) for k, v in sorted(busy_by_degree.items())},
         },
         reconfigurations=result.reconfigurations,
-        completed_once=len(result.completions) == len({c.request_id for c in result.completions}) == len(trace),
+        completed_once=len(result.completions)
+        == len({c.request_id for c in result.completions})
+        == len(trace),
         wall_s=wall,
     )
     return s
@@ -159,7 +168,9 @@ def find_high_scale(pool: str, ex: ProcessPoolExecutor, log: list[str]) -> float
         # two at a time, best first, and stop once one is still below τ.
         for i in range(0, len(order), 2):
             batch = order[i : i + 2]
-            for name, r in zip(batch, ex.map(run_one, [(n, pool, "mooncake", scale) for n in batch]), strict=True):
+            for name, r in zip(
+                batch, ex.map(run_one, [(n, pool, "mooncake", scale) for n in batch]), strict=True
+            ):
                 results[name] = r["p90_ttft_over_slo"]
             if min(results.values()) < 1.0:
                 break
@@ -223,7 +234,9 @@ def breakdown(rows: list[dict[str, Any]]) -> str:
     for r in sorted(rows, key=lambda r: r["mean_ttft_s"]):
         b = r["by_degree"]
         busy = " / ".join(f"{k} {v:.2f}" for k, v in b["mean_busy"].items())
-        long_share = "–" if b["long_requests_on_largest"] is None else f"{b['long_requests_on_largest']:.2f}"
+        long_share = (
+            "–" if b["long_requests_on_largest"] is None else f"{b['long_requests_on_largest']:.2f}"
+        )
         long_ttft = "–" if b["mean_ttft_long_s"] is None else f"{b['mean_ttft_long_s']:.2f}"
         out.append(
             f"| {r['policy']} | {long_share} | {b['requests_on_largest']:.2f} | {b['uncached_tokens_on_largest']:.2f} "
@@ -239,7 +252,9 @@ def plot(results: list[dict[str, Any]], path: Path, workloads: list[tuple[str, s
     import matplotlib.pyplot as plt
 
     names = [*POLICIES, *([ADAPTIVE] if any(r["policy"] == ADAPTIVE for r in results) else [])]
-    fig, axes = plt.subplots(len(POOLS), len(workloads), figsize=(4.2 * len(workloads), 4.4 * len(POOLS)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(POOLS), len(workloads), figsize=(4.2 * len(workloads), 4.4 * len(POOLS)), squeeze=False
+    )
     for i, pool in enumerate(POOLS):
         for j, (label, key) in enumerate(workloads):
             ax = axes[i][j]
@@ -247,7 +262,10 @@ def plot(results: list[dict[str, Any]], path: Path, workloads: list[tuple[str, s
             xs = np.arange(len(names))
             means = [rows[n]["mean_ttft_s"] for n in names]
             p90s = [rows[n]["p90_ttft_s"] for n in names]
-            colors = ["tab:red" if n == "vertumnus" else "tab:orange" if n == ADAPTIVE else "tab:gray" for n in names]
+            colors = [
+                "tab:red" if n == "vertumnus" else "tab:orange" if n == ADAPTIVE else "tab:gray"
+                for n in names
+            ]
             ax.bar(xs, means, color=colors, label="mean")
             ax.scatter(xs, p90s, marker="_", s=200, color="black", zorder=3, label="P90")
             ax.set_yscale("log")
@@ -258,7 +276,9 @@ def plot(results: list[dict[str, Any]], path: Path, workloads: list[tuple[str, s
                 ax.set_ylabel("TTFT (s)")
             if i == 0 and j == 0:
                 ax.legend(fontsize=7)
-    fig.suptitle("TTFT by policy (bars: mean, ticks: P90; log scale) — Mooncake conversation trace and synthetic")
+    fig.suptitle(
+        "TTFT by policy (bars: mean, ticks: P90; log scale) — Mooncake conversation trace and synthetic"
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -269,8 +289,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "peers.json")
     ap.add_argument("--plot", type=Path, default=None)
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--high", type=str, default=None, help="skip the sweep: POOL=SCALE,... (e.g. 10xCP4=12)")
-    ap.add_argument("--no-adaptive", action="store_true", help="leave out the vertumnus-adaptive row")
+    ap.add_argument(
+        "--high", type=str, default=None, help="skip the sweep: POOL=SCALE,... (e.g. 10xCP4=12)"
+    )
+    ap.add_argument(
+        "--no-adaptive", action="store_true", help="leave out the vertumnus-adaptive row"
+    )
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     sweep_log: list[str] = []
@@ -282,7 +306,10 @@ def main(argv: list[str] | None = None) -> int:
             if pool in given:
                 highs[pool] = float(given[pool])
             else:
-                print(f"sweep for the high load on {pool}: step the rate scale until the best peer's P90/τ >= 1", flush=True)
+                print(
+                    f"sweep for the high load on {pool}: step the rate scale until the best peer's P90/τ >= 1",
+                    flush=True,
+                )
                 highs[pool] = find_high_scale(pool, ex, sweep_log)
             print(f"{pool}: high load = rate scale {highs[pool]:.2f}", flush=True)
         tasks, labels = [], []
@@ -302,20 +329,28 @@ def main(argv: list[str] | None = None) -> int:
                     labels.append(label)
         # The adaptive run does not depend on the pool: run each (workload,
         # scale) once and give both pools' tables the same result.
-        unique = list(dict.fromkeys((n, "-" if n == ADAPTIVE else p, w, sc) for n, p, w, sc in tasks))
+        unique = list(
+            dict.fromkeys((n, "-" if n == ADAPTIVE else p, w, sc) for n, p, w, sc in tasks)
+        )
         done = dict(zip(unique, ex.map(run_one, unique), strict=True))
         for label, (n, p, w, sc) in zip(labels, tasks, strict=True):
             r = dict(done[(n, "-" if n == ADAPTIVE else p, w, sc)], pool=p, label=label)
             results.append(r)
     wall = time.perf_counter() - t_start
-    assert all(r["completed_once"] and r["rejected"] == 0 for r in results), "a run lost or duplicated requests"
+    assert all(r["completed_once"] and r["rejected"] == 0 for r in results), (
+        "a run lost or duplicated requests"
+    )
 
     md = []
     for pool in POOLS:
         for label in ("light", "moderate", "high", "synthetic"):
             rows = [r for r in results if r["pool"] == pool and r["label"] == label]
             scale = rows[0]["scale"]
-            wl = "synthetic workload (default, seed 0)" if label == "synthetic" else f"Mooncake, rate scale {scale:g}"
+            wl = (
+                "synthetic workload (default, seed 0)"
+                if label == "synthetic"
+                else f"Mooncake, rate scale {scale:g}"
+            )
             md.append(f"### {pool} — {label}: {wl}\n\n{table(rows)}\n")
     md.append(breakdown([r for r in results if r["pool"] == POOLS[1] and r["label"] == "moderate"]))
     text = "\n".join(md)
@@ -338,7 +373,16 @@ def main(argv: list[str] | None = None) -> int:
         + "\n"
     )
     if args.plot is not None:
-        plot(results, args.plot, [("light", "light"), ("moderate", "moderate"), ("high", "high"), ("synthetic", "synthetic")])
+        plot(
+            results,
+            args.plot,
+            [
+                ("light", "light"),
+                ("moderate", "moderate"),
+                ("high", "high"),
+                ("synthetic", "synthetic"),
+            ],
+        )
     return 0
 
 

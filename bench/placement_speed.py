@@ -102,7 +102,9 @@ def chain(keys: tuple[int, ...]) -> list[tuple[int, int, int | None]]:
     return [(k, i, keys[i - 1] if i else None) for i, k in enumerate(keys)]
 
 
-def make_requests(prefixes: list[tuple[int, ...]], n: int, seed: int, first_id: int = 0) -> list[Request]:
+def make_requests(
+    prefixes: list[tuple[int, ...]], n: int, seed: int, first_id: int = 0
+) -> list[Request]:
     rng = random.Random(seed)
     out = []
     fresh = iter(range(1 << 62, 1 << 63))
@@ -224,13 +226,18 @@ def main(argv: list[str] | None = None) -> int:
     # Requests in flight when timing starts; their own ids, as the in-flight
     # index treats a known id as the same request moving to another worker.
     warm = make_requests(
-        prefixes, args.inflight_per_worker * args.workers + 1000, args.seed + 2, first_id=len(requests)
+        prefixes,
+        args.inflight_per_worker * args.workers + 1000,
+        args.seed + 2,
+        first_id=len(requests),
     )
     blocks = statistics.mean(len(r.block_keys) for r in requests)
     print(f"hot path: {placement.HOT_PATH}")
-    print(f"trie: {len(pool.store):,} blocks over {args.workers} workers (built in {build_s:.1f} s); "
-          f"requests: {len(requests):,}, {blocks:.1f} blocks each on average; "
-          f"{args.inflight_per_worker * args.workers} in flight")
+    print(
+        f"trie: {len(pool.store):,} blocks over {args.workers} workers (built in {build_s:.1f} s); "
+        f"requests: {len(requests):,}, {blocks:.1f} blocks each on average; "
+        f"{args.inflight_per_worker * args.workers} in flight"
+    )
 
     # A router process builds its trie once and keeps it: move those objects
     # out of the cyclic GC's generations, or every full collection walks the
@@ -281,29 +288,40 @@ def main(argv: list[str] | None = None) -> int:
             )
     if "decide-py" in paths:
         for p in ("decide", "place"):
-            ratio = figures[p]["cpu"]["decisions_per_s"] / figures[p + "-py"]["cpu"]["decisions_per_s"]
+            ratio = (
+                figures[p]["cpu"]["decisions_per_s"] / figures[p + "-py"]["cpu"]["decisions_per_s"]
+            )
             print(f"{p}: compiled / Python hot path = {ratio:.2f}x decisions/s (CPU clock)")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({
-            "workers": args.workers,
-            "trie_blocks": len(pool.store),
-            "decisions": len(requests),
-            "mean_request_blocks": blocks,
-            "inflight_requests": args.inflight_per_worker * args.workers,
-            "repeat": args.repeat,
-            "statistic": "median over passes",
-            # The full decide path, as before (top level, for existing readers).
-            "cpu_clock": figures["decide"]["cpu"],
-            "wall_clock": figures["decide"]["wall"],
-            "paths": {
-                p: {"cpu_clock": figures[p]["cpu"], "wall_clock": figures[p]["wall"],
-                    "passes": passes[p]}
-                for p in paths
-            },
-            "python": sys.version.split()[0],
-            "hot_path": placement.HOT_PATH,
-        }, indent=2) + "\n")
+        args.out.write_text(
+            json.dumps(
+                {
+                    "workers": args.workers,
+                    "trie_blocks": len(pool.store),
+                    "decisions": len(requests),
+                    "mean_request_blocks": blocks,
+                    "inflight_requests": args.inflight_per_worker * args.workers,
+                    "repeat": args.repeat,
+                    "statistic": "median over passes",
+                    # The full decide path, as before (top level, for existing readers).
+                    "cpu_clock": figures["decide"]["cpu"],
+                    "wall_clock": figures["decide"]["wall"],
+                    "paths": {
+                        p: {
+                            "cpu_clock": figures[p]["cpu"],
+                            "wall_clock": figures[p]["wall"],
+                            "passes": passes[p],
+                        }
+                        for p in paths
+                    },
+                    "python": sys.version.split()[0],
+                    "hot_path": placement.HOT_PATH,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return 0
 
 

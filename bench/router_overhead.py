@@ -86,10 +86,15 @@ async def _clients(target: str, seconds: float, concurrency: int, seed: int) -> 
             nonlocal count
             i = 0
             while loop.time() < stop_at:
-                tokens = heads[rng.randrange(16)] + [rng.randrange(256) for _ in range(rng.randint(8, 64))]
+                tokens = heads[rng.randrange(16)] + [
+                    rng.randrange(256) for _ in range(rng.randint(8, 64))
+                ]
                 t0 = loop.time()
                 try:
-                    await stub.Prefill(pool_pb2.PrefillRequest(request_id=f"c{c}-{i}", token_ids=tokens), timeout=30)
+                    await stub.Prefill(
+                        pool_pb2.PrefillRequest(request_id=f"c{c}-{i}", token_ids=tokens),
+                        timeout=30,
+                    )
                     latencies.append(loop.time() - t0)
                     count += 1
                 except grpc.aio.AioRpcError as e:
@@ -109,8 +114,18 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
 
     base = _free_base(8)
     engine = subprocess.Popen(
-        [sys.executable, str(ROOT / "instant_engine.py"), "--ranks", "8", "--degrees", "4,2,2", "--base-port", str(base)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            str(ROOT / "instant_engine.py"),
+            "--ranks",
+            "8",
+            "--degrees",
+            "4,2,2",
+            "--base-port",
+            str(base),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
     )
     redis_proc = None
     tmp = tempfile.TemporaryDirectory()
@@ -123,8 +138,21 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
                 raise SystemExit("--redis needs redis-server (apt-get install redis-server)")
             port = _free_base(1)
             redis_proc = subprocess.Popen(
-                [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp.name],
-                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                [
+                    exe,
+                    "--port",
+                    str(port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    tmp.name,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
             )
             url = f"redis://127.0.0.1:{port}/0"
             time.sleep(0.5)
@@ -133,10 +161,14 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
 
             store = redis_store_for(url, "bench", "cpu-tiny")
         settings = RouterSettings(
-            listen=f"127.0.0.1:{_free_base(1)}", metrics_listen="", profile="cpu-tiny",
+            listen=f"127.0.0.1:{_free_base(1)}",
+            metrics_listen="",
+            profile="cpu-tiny",
             admission_limit=max(1024, 4 * args.concurrency),
         )
-        running = await start_router(settings, [f"127.0.0.1:{base}"], store=store, discover_timeout_s=30)
+        running = await start_router(
+            settings, [f"127.0.0.1:{base}"], store=store, discover_timeout_s=30
+        )
         router = running.router
         # Warm up: a few seconds to fill the index and the connections.
         await asyncio.to_thread(_client_run, running.address, 2.0, args.concurrency, 1)
@@ -148,7 +180,9 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
             prof = cProfile.Profile()
             prof.enable()
         cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        result = await asyncio.to_thread(_client_run, running.address, args.seconds, args.concurrency, 2)
+        result = await asyncio.to_thread(
+            _client_run, running.address, args.seconds, args.concurrency, 2
+        )
         wall = time.perf_counter() - wall0
         cpu1 = resource.getrusage(resource.RUSAGE_SELF)
         if prof is not None:
@@ -200,9 +234,22 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
 def _client_run(target: str, seconds: float, concurrency: int, seed: int) -> dict[str, object]:
     """The clients, in a process of their own (they must not eat the router's core)."""
     proc = subprocess.run(
-        [sys.executable, __file__, "--client", target, "--seconds", str(seconds),
-         "--concurrency", str(concurrency), "--seed", str(seed)],
-        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [
+            sys.executable,
+            __file__,
+            "--client",
+            target,
+            "--seconds",
+            str(seconds),
+            "--concurrency",
+            str(concurrency),
+            "--seed",
+            str(seed),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     return json.loads(proc.stdout)
 
@@ -219,7 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--client", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.client:
-        print(json.dumps(asyncio.run(_clients(args.client, args.seconds, args.concurrency, args.seed))))
+        print(
+            json.dumps(
+                asyncio.run(_clients(args.client, args.seconds, args.concurrency, args.seed))
+            )
+        )
         return 0
     out = asyncio.run(_run(args))
     p = out["placement_us"]

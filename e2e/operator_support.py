@@ -57,11 +57,16 @@ def wait_for(what: str, timeout: float, probe: Callable[[], Any], interval: floa
 
 def helm(k8s: Any, *args: str, home: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
     env = {
-        **os.environ, **k8s.env(), "HOME": str(home), "HELM_CACHE_HOME": str(home / "cache"),
-        "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data"),
+        **os.environ,
+        **k8s.env(),
+        "HOME": str(home),
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
     }
-    result = subprocess.run([str(k8s.bin_dir / "helm"), *args], env=env, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [str(k8s.bin_dir / "helm"), *args], env=env, capture_output=True, text=True, timeout=120
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
     return result
@@ -71,10 +76,24 @@ def install_chart(k8s: Any, home: Path) -> Path:
     """``helm install`` the chart (operator replicas 0: the tests run the operator as a local
     process under the chart's ServiceAccount); the SA's kubeconfig."""
     k8s.kubectl("create", "namespace", SYSTEM_NAMESPACE, check=False)
-    helm(k8s, "install", RELEASE, str(CHART), "-n", SYSTEM_NAMESPACE,
-         "--set", "operator.replicas=0", home=home)
-    k8s.kubectl("wait", "--for=condition=Established", "crd/cppools.vertumnus.io",
-                "crd/clusterkopfpeerings.kopf.dev", "--timeout=30s")
+    helm(
+        k8s,
+        "install",
+        RELEASE,
+        str(CHART),
+        "-n",
+        SYSTEM_NAMESPACE,
+        "--set",
+        "operator.replicas=0",
+        home=home,
+    )
+    k8s.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "crd/cppools.vertumnus.io",
+        "crd/clusterkopfpeerings.kopf.dev",
+        "--timeout=30s",
+    )
     return Path(k8s.kubeconfig_for_service_account(SYSTEM_NAMESPACE, SERVICE_ACCOUNT))
 
 
@@ -90,8 +109,16 @@ _LAUNCH = (
 class OperatorProcess:
     """``python -m vertumnus.operator run`` as a subprocess, its log in ``log_path``."""
 
-    def __init__(self, kubeconfig: Path, log_path: Path, *, priority: int, name: str,
-                 peering_lifetime: int = 10, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log_path: Path,
+        *,
+        priority: int,
+        name: str,
+        peering_lifetime: int = 10,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.log_path = log_path
         self.priority = priority
@@ -102,18 +129,32 @@ class OperatorProcess:
 
     def start(self) -> OperatorProcess:
         env = {
-            k: v for k, v in os.environ.items()
+            k: v
+            for k, v in os.environ.items()
             if not k.lower().endswith("_proxy") and k != "KUBECONFIG"
         }
-        env.update(KUBECONFIG=str(self.kubeconfig), POD_NAME=self.name, PYTHONUNBUFFERED="1",
-                   **self.extra_env)
+        env.update(
+            KUBECONFIG=str(self.kubeconfig),
+            POD_NAME=self.name,
+            PYTHONUNBUFFERED="1",
+            **self.extra_env,
+        )
         log = open(self.log_path, "ab")  # noqa: SIM115 -- the child keeps it
         # No preexec_fn: forking a process that serves gRPC (the stand-in router) runs gRPC's
         # fork handlers, which broke the child; the child sets its own parent-death signal.
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _LAUNCH, "run", f"--priority={self.priority}",
-             f"--peering-lifetime={self.peering_lifetime}"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT),
+            [
+                sys.executable,
+                "-c",
+                _LAUNCH,
+                "run",
+                f"--priority={self.priority}",
+                f"--peering-lifetime={self.peering_lifetime}",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=str(ROOT),
         )
         log.close()
         return self
@@ -145,30 +186,43 @@ class OperatorProcess:
         self.stop()
 
 
-def cppool(name: str, namespace: str, gpus: int, node_label: dict[str, str] | None = None,
-           **spec: Any) -> dict[str, Any]:
+def cppool(
+    name: str, namespace: str, gpus: int, node_label: dict[str, str] | None = None, **spec: Any
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "gpus": gpus,
         "engine": {"image": "ghcr.io/vertumnus/vertumnus:0.1.0"},
         "redis": {"mode": "none"},
         "controller": {"windowSeconds": 1},
-        "scheduling": {"tolerations": [FAKE_TOLERATION],
-                       **({"nodeSelector": node_label} if node_label else {})},
-        "router": {"tolerations": [FAKE_TOLERATION],
-                   **({"nodeSelector": node_label} if node_label else {})},
+        "scheduling": {
+            "tolerations": [FAKE_TOLERATION],
+            **({"nodeSelector": node_label} if node_label else {}),
+        },
+        "router": {
+            "tolerations": [FAKE_TOLERATION],
+            **({"nodeSelector": node_label} if node_label else {}),
+        },
     }
     for k, v in spec.items():
         if isinstance(v, dict) and isinstance(body.get(k), dict):
             body[k] = {**body[k], **v}
         else:
             body[k] = v
-    return {"apiVersion": "vertumnus.io/v1alpha1", "kind": "CPPool",
-            "metadata": {"name": name, "namespace": namespace}, "spec": body}
+    return {
+        "apiVersion": "vertumnus.io/v1alpha1",
+        "kind": "CPPool",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": body,
+    }
 
 
 def apply(k8s: Any, *objects: dict[str, Any]) -> None:
-    k8s.kubectl("apply", "-f", "-", input=json.dumps(
-        {"apiVersion": "v1", "kind": "List", "items": list(objects)}))
+    k8s.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}),
+    )
 
 
 def get_pool(k8s: Any, namespace: str, name: str) -> dict[str, Any]:
@@ -183,15 +237,18 @@ def pool_status(k8s: Any, namespace: str, name: str) -> dict[str, Any]:
 
 def engine_pods(k8s: Any, namespace: str, name: str) -> list[dict[str, Any]]:
     status, body = k8s.api(
-        "GET", f"/api/v1/namespaces/{namespace}/pods?labelSelector=vertumnus.io/pool%3D{name},"
-        "app.kubernetes.io/component%3Dengine")
+        "GET",
+        f"/api/v1/namespaces/{namespace}/pods?labelSelector=vertumnus.io/pool%3D{name},"
+        "app.kubernetes.io/component%3Dengine",
+    )
     assert status == 200, body
     return sorted(body["items"], key=lambda p: p["metadata"]["name"])
 
 
 def events(k8s: Any, namespace: str, name: str) -> list[dict[str, Any]]:
     status, body = k8s.api(
-        "GET", f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.name%3D{name}")
+        "GET", f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.name%3D{name}"
+    )
     assert status == 200, body
     return sorted(body["items"], key=lambda e: e["metadata"]["name"])
 
@@ -207,7 +264,9 @@ def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
 def gpu_nodes(k8s: Any, n: int, gpus: int = 8) -> Iterator[dict[str, str]]:
     """``n`` fake GPU nodes with a label of their own (removed afterwards)."""
     label = {"vertumnus.e2e/pool": uuid.uuid4().hex[:8]}
-    names = k8s.add_gpu_nodes(n, gpus=gpus, prefix=f"op-{label['vertumnus.e2e/pool']}", labels=label)
+    names = k8s.add_gpu_nodes(
+        n, gpus=gpus, prefix=f"op-{label['vertumnus.e2e/pool']}", labels=label
+    )
     try:
         yield label
     finally:

@@ -95,10 +95,22 @@ class Engine:
 
     def start(self, timeout_s: float = 180.0) -> Engine:
         cmd = [
-            sys.executable, "-m", "vertumnus", "serve", "--ranks", str(self.ranks),
-            "--degrees", ",".join(map(str, self.degrees)), "--base-port", str(self.base_port),
-            "--block-size", str(self.block_size), "--num-blocks", str(self.num_blocks),
-            "--max-tokens", str(self.max_tokens),
+            sys.executable,
+            "-m",
+            "vertumnus",
+            "serve",
+            "--ranks",
+            str(self.ranks),
+            "--degrees",
+            ",".join(map(str, self.degrees)),
+            "--base-port",
+            str(self.base_port),
+            "--block-size",
+            str(self.block_size),
+            "--num-blocks",
+            str(self.num_blocks),
+            "--max-tokens",
+            str(self.max_tokens),
         ]
         if self.worker_ids is not None:
             cmd += ["--worker-ids", ",".join(map(str, self.worker_ids))]
@@ -116,7 +128,9 @@ class Engine:
                     return self
                 except grpc.RpcError:
                     if time.monotonic() > deadline:
-                        raise RuntimeError(f"engine did not answer in {timeout_s} s; see {self.log}") from None
+                        raise RuntimeError(
+                            f"engine did not answer in {timeout_s} s; see {self.log}"
+                        ) from None
                     time.sleep(0.3)
 
     def kill(self) -> None:
@@ -138,12 +152,16 @@ class Engine:
     def served(self, worker_rank: int) -> set[int]:
         """The blocks the worker led by ``worker_rank`` serves, by its own snapshot."""
         with grpc.insecure_channel(self.rank_address(worker_rank)) as ch:
-            snap = worker_pb2_grpc.WorkerStub(ch).ListBlocks(worker_pb2.ListBlocksRequest(), timeout=10)
+            snap = worker_pb2_grpc.WorkerStub(ch).ListBlocks(
+                worker_pb2.ListBlocksRequest(), timeout=10
+            )
         return {b.key for b in snap.served}
 
     def flush(self, worker_rank: int) -> int:
         with grpc.insecure_channel(self.rank_address(worker_rank)) as ch:
-            rep = worker_pb2_grpc.WorkerStub(ch).FlushCache(worker_pb2.FlushCacheRequest(), timeout=10)
+            rep = worker_pb2_grpc.WorkerStub(ch).FlushCache(
+                worker_pb2.FlushCacheRequest(), timeout=10
+            )
         return rep.removed_blocks
 
     def first_token(self, worker_rank: int, tokens: Sequence[int], request_id: str) -> int:
@@ -157,7 +175,9 @@ class Engine:
 class RouterProcess:
     """A ``vertumnus router`` subprocess (for the tests that kill routers)."""
 
-    def __init__(self, engines: Sequence[str], log: Path, *extra: str, port: int | None = None) -> None:
+    def __init__(
+        self, engines: Sequence[str], log: Path, *extra: str, port: int | None = None
+    ) -> None:
         self.port = port or free_base(2)
         self.metrics_port = self.port + 1
         self.engines = list(engines)
@@ -170,11 +190,22 @@ class RouterProcess:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 60.0) -> RouterProcess:
-        cmd = [sys.executable, "-m", "vertumnus", "router", "--listen", self.address,
-               "--metrics-listen", f"127.0.0.1:{self.metrics_port}", *self.extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "vertumnus",
+            "router",
+            "--listen",
+            self.address,
+            "--metrics-listen",
+            f"127.0.0.1:{self.metrics_port}",
+            *self.extra,
+        ]
         for e in self.engines:
             cmd += ["--engine", e]
-        self.proc = subprocess.Popen(cmd, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
+        )
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
@@ -184,7 +215,9 @@ class RouterProcess:
                 return self
             except grpc.RpcError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"router did not answer in {timeout_s} s; see {self.log}") from None
+                    raise RuntimeError(
+                        f"router did not answer in {timeout_s} s; see {self.log}"
+                    ) from None
                 time.sleep(0.2)
 
     def kill(self) -> None:
@@ -207,7 +240,9 @@ def pool(target: str, timeout: float = 10.0) -> pool_pb2.PoolStatus:
         return pool_pb2_grpc.AdminStub(ch).GetPool(pool_pb2.GetPoolRequest(), timeout=timeout)
 
 
-def prompts(n: int, *, shared: int = 32, extra: int = 24, seed: int = 0, vocab: int = 256) -> list[list[int]]:
+def prompts(
+    n: int, *, shared: int = 32, extra: int = 24, seed: int = 0, vocab: int = 256
+) -> list[list[int]]:
     """``n`` prompts: a few shared heads (``shared`` tokens) with tails of their own."""
     import random
 

@@ -41,12 +41,20 @@ def _ready(k8s, ns, name, composition=None):
         if composition is not None and st.get("composition") != composition:
             return None
         return st
+
     return probe
 
 
 def _annotate_router(k8s, ns, name, router):
-    k8s.kubectl("annotate", "cppool", name, "-n", ns, "--overwrite",
-                f"vertumnus.io/router-addresses={router.address}")
+    k8s.kubectl(
+        "annotate",
+        "cppool",
+        name,
+        "-n",
+        ns,
+        "--overwrite",
+        f"vertumnus.io/router-addresses={router.address}",
+    )
 
 
 # ---- the chart ----------------------------------------------------------------------------
@@ -55,11 +63,24 @@ def _annotate_router(k8s, ns, name, router):
 def test_helm_lint_and_template_are_clean(k8s, tmp_path):
     lint = ops.helm(k8s, "lint", str(ops.CHART), "--strict", home=tmp_path)
     assert "0 chart(s) failed" in lint.stdout
-    for extra in ([], ["--set", "operator.watchNamespaces={a,b}", "--set", "serviceMonitor.enabled=true"]):
-        out = ops.helm(k8s, "template", "t", str(ops.CHART), "-n", "x", *extra, home=tmp_path).stdout
+    for extra in (
+        [],
+        ["--set", "operator.watchNamespaces={a,b}", "--set", "serviceMonitor.enabled=true"],
+    ):
+        out = ops.helm(
+            k8s, "template", "t", str(ops.CHART), "-n", "x", *extra, home=tmp_path
+        ).stdout
         assert "kind: Deployment" in out and "kind: NetworkPolicy" in out
-    bad = ops.helm(k8s, "template", "t", str(ops.CHART), "--set", "operator.replicas=-1",
-                   home=tmp_path, check=False)
+    bad = ops.helm(
+        k8s,
+        "template",
+        "t",
+        str(ops.CHART),
+        "--set",
+        "operator.replicas=-1",
+        home=tmp_path,
+        check=False,
+    )
     assert bad.returncode != 0 and "/operator/replicas" in bad.stderr
     assert "grafana_dashboard" not in out  # no dashboards/*.json yet: no ConfigMap
     chart = tmp_path / "chart"
@@ -72,13 +93,35 @@ def test_helm_lint_and_template_are_clean(k8s, tmp_path):
 
 
 def test_rendered_manifests_are_accepted_by_the_api_server(k8s, chart, namespace, tmp_path):
-    chart_out = ops.helm(k8s, "template", "t", str(ops.CHART), "-n", namespace,
-                         "--set", "serviceMonitor.enabled=false", home=tmp_path).stdout
+    chart_out = ops.helm(
+        k8s,
+        "template",
+        "t",
+        str(ops.CHART),
+        "-n",
+        namespace,
+        "--set",
+        "serviceMonitor.enabled=false",
+        home=tmp_path,
+    ).stdout
     result = k8s.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=chart_out)
     assert "(server dry run)" in result.stdout
     rendered = subprocess.run(
-        [sys.executable, "-m", "vertumnus.operator", "render", "-f", str(ops.EXAMPLE),
-         "--namespace", namespace], capture_output=True, text=True, check=True, cwd=ops.ROOT).stdout
+        [
+            sys.executable,
+            "-m",
+            "vertumnus.operator",
+            "render",
+            "-f",
+            str(ops.EXAMPLE),
+            "--namespace",
+            namespace,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ops.ROOT,
+    ).stdout
     kinds = sorted({o["kind"] for o in json.loads(rendered)["items"]})
     assert kinds == ["ConfigMap", "Deployment", "Pod", "PodGroup", "Secret", "Service"]
     result = k8s.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered)
@@ -91,29 +134,50 @@ def test_the_service_account_has_only_what_it_needs(k8s, chart):
         ("patch", "cppools.vertumnus.io/status", True),
         ("create", "pods", True),
         ("patch", "podgroups.scheduling.k8s.io", True),
-        ("get", "secrets", False),   # it creates the Redis password, never reads one
+        ("get", "secrets", False),  # it creates the Redis password, never reads one
         ("list", "secrets", False),
         ("update", "pods", False),
         ("list", "nodes", False),
         ("create", "cppools.vertumnus.io", False),
         ("delete", "cppools.vertumnus.io", False),
     ]:
-        out = k8s.kubectl("auth", "can-i", verb, resource, "--as", sa, "-A", check=False).stdout.strip()
+        out = k8s.kubectl(
+            "auth", "can-i", verb, resource, "--as", sa, "-A", check=False
+        ).stdout.strip()
         assert out == ("yes" if allowed else "no"), (verb, resource, out)
 
 
 # ---- validation ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec, field, text", [
-    ({"gpus": 12}, "spec.gpus", "multiple of gpusPerDomain"),
-    ({"gpus": 16, "degrees": [4, 16]}, "spec.degrees", "divide gpusPerDomain"),
-    ({"gpus": 16, "composition": [{"count": 2, "degree": 4}]}, "spec.composition", "exactly the GPU budget"),
-    ({"gpus": 16, "cacheManager": {"thetaReclaim": 6.0}}, "spec.cacheManager.thetaReclaim", "thetaIntra"),
-    ({"gpus": 16, "controller": {"lower": 0.95}}, "spec.controller.lower", "lower must be < upper"),
-    ({"gpus": 16, "redis": {"mode": "external"}}, "spec.redis.url", "needs url"),
-    ({"gpus": 16, "placement": {"beta": 2.0, "betaBusy": 1.5}}, "spec.placement.betaBusy", ">= beta"),
-])
+@pytest.mark.parametrize(
+    "spec, field, text",
+    [
+        ({"gpus": 12}, "spec.gpus", "multiple of gpusPerDomain"),
+        ({"gpus": 16, "degrees": [4, 16]}, "spec.degrees", "divide gpusPerDomain"),
+        (
+            {"gpus": 16, "composition": [{"count": 2, "degree": 4}]},
+            "spec.composition",
+            "exactly the GPU budget",
+        ),
+        (
+            {"gpus": 16, "cacheManager": {"thetaReclaim": 6.0}},
+            "spec.cacheManager.thetaReclaim",
+            "thetaIntra",
+        ),
+        (
+            {"gpus": 16, "controller": {"lower": 0.95}},
+            "spec.controller.lower",
+            "lower must be < upper",
+        ),
+        ({"gpus": 16, "redis": {"mode": "external"}}, "spec.redis.url", "needs url"),
+        (
+            {"gpus": 16, "placement": {"beta": 2.0, "betaBusy": 1.5}},
+            "spec.placement.betaBusy",
+            ">= beta",
+        ),
+    ],
+)
 def test_invalid_specs_are_rejected_naming_the_field(k8s, chart, namespace, spec, field, text):
     body = cppool("bad", namespace, **spec)
     status, reply = k8s.api("POST", f"{ops.CPPOOLS}/namespaces/{namespace}/cppools", body)
@@ -136,14 +200,29 @@ def test_the_example_applies_and_binds_as_one_gang(k8s, operator, namespace):
         assert condition(st, "GangScheduled")["status"] == "True", st
         pods = engine_pods(k8s, namespace, "qwen3-prefill")
         assert [p["spec"]["schedulingGroup"]["podGroupName"] for p in pods] == ["qwen3-prefill"] * 2
-        assert [p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] for p in pods] == ["8", "8"]
-        assert [p["metadata"]["annotations"]["vertumnus.io/grouping"] for p in pods] == ["0:CP8@0", "1:CP8@0"]
+        assert [
+            p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] for p in pods
+        ] == ["8", "8"]
+        assert [p["metadata"]["annotations"]["vertumnus.io/grouping"] for p in pods] == [
+            "0:CP8@0",
+            "1:CP8@0",
+        ]
         assert all(p["metadata"]["ownerReferences"][0]["kind"] == "CPPool" for p in pods)
         table = k8s.kubectl("get", "cpp", "-n", namespace).stdout
-        assert table.split("\n")[0].split() == ["NAME", "COMPOSITION", "EPOCH", "PHASE", "READY", "GPUS", "AGE"]
+        assert table.split("\n")[0].split() == [
+            "NAME",
+            "COMPOSITION",
+            "EPOCH",
+            "PHASE",
+            "READY",
+            "GPUS",
+            "AGE",
+        ]
         assert table.split("\n")[1].split()[:5] == ["qwen3-prefill", "2xCP8", "1", "Ready", "16"]
         print(f"example pool Ready in {took:.1f} s")
-        k8s.kubectl("delete", "-n", namespace, "-f", str(ops.EXAMPLE), "--wait=true", "--timeout=30s")
+        k8s.kubectl(
+            "delete", "-n", namespace, "-f", str(ops.EXAMPLE), "--wait=true", "--timeout=30s"
+        )
 
 
 def test_one_node_too_few_binds_no_pod_and_says_why(k8s, operator, namespace):
@@ -153,7 +232,11 @@ def test_one_node_too_few_binds_no_pod_and_says_why(k8s, operator, namespace):
         def unschedulable():
             st = pool_status(k8s, namespace, "short")
             gang = condition(st, "GangScheduled")
-            return st if st.get("phase") == "Unschedulable" and gang.get("reason") == "Unschedulable" else None
+            return (
+                st
+                if st.get("phase") == "Unschedulable" and gang.get("reason") == "Unschedulable"
+                else None
+            )
 
         st = wait_for("the pool to report why it cannot be placed", 30, unschedulable)
         gang = condition(st, "GangScheduled")
@@ -161,10 +244,21 @@ def test_one_node_too_few_binds_no_pod_and_says_why(k8s, operator, namespace):
         assert condition(st, "Ready")["status"] == "False"
         time.sleep(2)  # the scheduler retries meanwhile; still nothing may bind
         assert not [p for p in engine_pods(k8s, namespace, "short") if p["spec"].get("nodeName")]
-        with gpu_nodes(k8s, 1, ) as more:
-            k8s.kubectl("label", "node", "--overwrite", "-l", f"vertumnus.e2e/pool={more['vertumnus.e2e/pool']}",
-                        f"vertumnus.e2e/pool={label['vertumnus.e2e/pool']}")
-            wait_for("all three to bind once a third node exists", 30, _ready(k8s, namespace, "short"))
+        with gpu_nodes(
+            k8s,
+            1,
+        ) as more:
+            k8s.kubectl(
+                "label",
+                "node",
+                "--overwrite",
+                "-l",
+                f"vertumnus.e2e/pool={more['vertumnus.e2e/pool']}",
+                f"vertumnus.e2e/pool={label['vertumnus.e2e/pool']}",
+            )
+            wait_for(
+                "all three to bind once a third node exists", 30, _ready(k8s, namespace, "short")
+            )
             k8s.kubectl("delete", "cppool", "short", "-n", namespace, "--timeout=30s")
 
 
@@ -192,7 +286,10 @@ def test_demand_splits_then_merges_with_the_same_pods(k8s, operator, namespace, 
         assert st["epoch"] == 3 and [w["degree"] for w in st["workers"]] == [4, 4, 4, 4]
         pods = engine_pods(k8s, namespace, "elastic")
         assert [p["metadata"]["annotations"]["vertumnus.io/epoch"] for p in pods] == ["2", "3"]
-        assert [p["metadata"]["annotations"]["vertumnus.io/degrees"] for p in pods] == ["4,4", "4,4"]
+        assert [p["metadata"]["annotations"]["vertumnus.io/degrees"] for p in pods] == [
+            "4,4",
+            "4,4",
+        ]
         fake_router.set_demand(0.1, 30, 30, 0.1)  # light and long: merge
         st = wait_for("the merge", 30, _ready(k8s, namespace, "elastic", "2xCP8"))
         assert st["epoch"] == 5
@@ -209,28 +306,50 @@ def test_demand_splits_then_merges_with_the_same_pods(k8s, operator, namespace, 
 
 def test_a_pinned_composition_and_spec_changes(k8s, operator, namespace, fake_router):
     with gpu_nodes(k8s, 2) as label:
-        ops.apply(k8s, cppool("pinned", namespace, 16, label,
-                              composition=[{"count": 2, "degree": 8}]))
+        ops.apply(
+            k8s, cppool("pinned", namespace, 16, label, composition=[{"count": 2, "degree": 8}])
+        )
         wait_for("Ready", 30, _ready(k8s, namespace, "pinned", "2xCP8"))
         uids = _uids(k8s, namespace, "pinned")
         _annotate_router(k8s, namespace, "pinned", fake_router)
-        patch = {"spec": {"composition": [{"count": 2, "degree": 4}, {"count": 1, "degree": 8}],
-                          "placement": {"beta": 2.0}}}
-        k8s.kubectl("patch", "cppool", "pinned", "-n", namespace, "--type=merge", "-p", json.dumps(patch))
+        patch = {
+            "spec": {
+                "composition": [{"count": 2, "degree": 4}, {"count": 1, "degree": 8}],
+                "placement": {"beta": 2.0},
+            }
+        }
+        k8s.kubectl(
+            "patch", "cppool", "pinned", "-n", namespace, "--type=merge", "-p", json.dumps(patch)
+        )
         wait_for("the pinned composition", 30, _ready(k8s, namespace, "pinned", "2xCP4+1xCP8"))
         assert _uids(k8s, namespace, "pinned") == uids
 
         def router_config():
-            cm = json.loads(k8s.kubectl("get", "configmap", "pinned-router", "-n", namespace,
-                                        "-o", "json").stdout)
+            cm = json.loads(
+                k8s.kubectl(
+                    "get", "configmap", "pinned-router", "-n", namespace, "-o", "json"
+                ).stdout
+            )
             return {k: json.loads(v) for k, v in cm["data"].items()}
 
         # layout.json (what a restarting router reads) follows the commit within a step.
-        cfg = wait_for("layout.json at epoch 2", 10, lambda: (c := router_config())["layout.json"]["epoch"] == 2 and c)
+        cfg = wait_for(
+            "layout.json at epoch 2",
+            10,
+            lambda: (c := router_config())["layout.json"]["epoch"] == 2 and c,
+        )
         assert cfg["router.json"]["placement"]["beta"] == 2.0
         assert [w["degree"] for w in cfg["layout.json"]["workers"]] == [8, 4, 4]
-        k8s.kubectl("patch", "cppool", "pinned", "-n", namespace, "--type=merge",
-                    "-p", json.dumps({"spec": {"gpus": 24, "composition": None}}))
+        k8s.kubectl(
+            "patch",
+            "cppool",
+            "pinned",
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": {"gpus": 24, "composition": None}}),
+        )
 
         def needs_new_pods():
             st = pool_status(k8s, namespace, "pinned")
@@ -257,42 +376,68 @@ def test_a_split_and_a_merge_asked_for_by_annotation(k8s, operator, namespace, f
         k8s.kubectl("annotate", "cppool", "byhand", "-n", namespace, "vertumnus.io/merge=1,2")
         wait_for("the merge", 30, _ready(k8s, namespace, "byhand", "1xCP8"))
         k8s.kubectl("annotate", "cppool", "byhand", "-n", namespace, "vertumnus.io/split=9")
-        wait_for("the refusal", 20, lambda: any(
-            e["reason"] == "TransitionRefused" and "worker 9 is not in the pool" in e["message"]
-            for e in events(k8s, namespace, "byhand")))
+        wait_for(
+            "the refusal",
+            20,
+            lambda: any(
+                e["reason"] == "TransitionRefused" and "worker 9 is not in the pool" in e["message"]
+                for e in events(k8s, namespace, "byhand")
+            ),
+        )
         assert [s.kind for s in fake_router.applied] == ["split", "merge"]
         k8s.kubectl("delete", "cppool", "byhand", "-n", namespace, "--timeout=30s")
 
 
-def test_an_operator_killed_mid_transition_completes_it_once(k8s, chart, operator, namespace,
-                                                             fake_router, tmp_path):
+def test_an_operator_killed_mid_transition_completes_it_once(
+    k8s, chart, operator, namespace, fake_router, tmp_path
+):
     with gpu_nodes(k8s, 1) as label:
-        ops.apply(k8s, cppool("resume", namespace, 8, label, composition=[{"count": 1, "degree": 8}]))
+        ops.apply(
+            k8s, cppool("resume", namespace, 8, label, composition=[{"count": 1, "degree": 8}])
+        )
         wait_for("Ready", 30, _ready(k8s, namespace, "resume", "1xCP8"))
         uids = _uids(k8s, namespace, "resume")
         _annotate_router(k8s, namespace, "resume", fake_router)
         fake_router.hold_drains()
         paused = operator.log().count("Pausing operations")
-        first = ops.OperatorProcess(chart, tmp_path / "first.log", priority=50, name="first").start()
+        first = ops.OperatorProcess(
+            chart, tmp_path / "first.log", priority=50, name="first"
+        ).start()
         try:
             # The session's operator steps back for the higher priority before anything starts.
-            wait_for("the session operator to pause", 20,
-                     lambda: operator.log().count("Pausing operations") > paused)
-            k8s.kubectl("patch", "cppool", "resume", "-n", namespace, "--type=merge",
-                        "-p", json.dumps({"spec": {"composition": [{"count": 2, "degree": 4}]}}))
+            wait_for(
+                "the session operator to pause",
+                20,
+                lambda: operator.log().count("Pausing operations") > paused,
+            )
+            k8s.kubectl(
+                "patch",
+                "cppool",
+                "resume",
+                "-n",
+                namespace,
+                "--type=merge",
+                "-p",
+                json.dumps({"spec": {"composition": [{"count": 2, "degree": 4}]}}),
+            )
 
             def draining():
                 st = pool_status(k8s, namespace, "resume")
                 return st if st.get("phase") == "Draining" and fake_router.drains else None
 
             st = wait_for("the drain to be held", 30, draining)
-            assert st["transitions"][0]["kind"] == "split" and st["transitions"][0]["added"] == [1, 2]
+            assert st["transitions"][0]["kind"] == "split" and st["transitions"][0]["added"] == [
+                1,
+                2,
+            ]
         finally:
             first.kill()
         fake_router.release_drains()
         second = ops.OperatorProcess(chart, tmp_path / "second.log", priority=60, name="second")
         with second:
-            st = wait_for("the transition to complete", 30, _ready(k8s, namespace, "resume", "2xCP4"))
+            st = wait_for(
+                "the transition to complete", 30, _ready(k8s, namespace, "resume", "2xCP4")
+            )
             time.sleep(1.0)  # nothing more may happen
         st = pool_status(k8s, namespace, "resume")
         assert st["epoch"] == 2 and [w["id"] for w in st["workers"]] == [1, 2]
@@ -302,21 +447,33 @@ def test_an_operator_killed_mid_transition_completes_it_once(k8s, chart, operato
         reasons = [e["reason"] for e in events(k8s, namespace, "resume")]
         assert reasons.count("Committed") == 1 and "Resumed" in reasons, reasons
         by = {e["reason"]: e.get("reportingInstance") for e in events(k8s, namespace, "resume")}
-        assert by["Draining"] == "first" and by["Resumed"] == "second" and by["Committed"] == "second"
+        assert (
+            by["Draining"] == "first" and by["Resumed"] == "second" and by["Committed"] == "second"
+        )
         k8s.kubectl("delete", "cppool", "resume", "-n", namespace, "--timeout=30s")
 
 
-def test_two_operator_replicas_only_one_acts(k8s, chart, operator, namespace, fake_router, tmp_path):
+def test_two_operator_replicas_only_one_acts(
+    k8s, chart, operator, namespace, fake_router, tmp_path
+):
     a = ops.OperatorProcess(chart, tmp_path / "a.log", priority=70, name="replica-a")
     b = ops.OperatorProcess(chart, tmp_path / "b.log", priority=80, name="replica-b")
     paused = operator.log().count("Pausing operations")
     with gpu_nodes(k8s, 1) as label, a, b:
         # The session's operator must have stepped back before the pool exists.
-        wait_for("the session operator to pause", 20,
-                 lambda: operator.log().count("Pausing operations") > paused)
+        wait_for(
+            "the session operator to pause",
+            20,
+            lambda: operator.log().count("Pausing operations") > paused,
+        )
+
         def peers():
             status, body = k8s.api("GET", "/apis/kopf.dev/v1/clusterkopfpeerings/vertumnus")
-            return {v.get("priority") for v in (body.get("status") or {}).values()} if status == 200 else set()
+            return (
+                {v.get("priority") for v in (body.get("status") or {}).values()}
+                if status == 200
+                else set()
+            )
 
         # Both replicas announce themselves in the peering object; kopf keeps the lower one
         # paused (from its start, or from when it sees the other).
@@ -332,8 +489,16 @@ def test_two_operator_replicas_only_one_acts(k8s, chart, operator, namespace, fa
         ops.apply(k8s, cppool("pair", namespace, 8, label, composition=[{"count": 1, "degree": 8}]))
         wait_for("Ready", 30, _ready(k8s, namespace, "pair", "1xCP8"))
         _annotate_router(k8s, namespace, "pair", fake_router)
-        k8s.kubectl("patch", "cppool", "pair", "-n", namespace, "--type=merge",
-                    "-p", json.dumps({"spec": {"composition": [{"count": 2, "degree": 4}]}}))
+        k8s.kubectl(
+            "patch",
+            "cppool",
+            "pair",
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": {"composition": [{"count": 2, "degree": 4}]}}),
+        )
         wait_for("the split", 30, _ready(k8s, namespace, "pair", "2xCP4"))
         instances = {e.get("reportingInstance") for e in events(k8s, namespace, "pair")}
         assert instances == {"replica-b"}, instances
@@ -344,10 +509,20 @@ def test_two_operator_replicas_only_one_acts(k8s, chart, operator, namespace, fa
         assert "Forbidden" not in proc.log() and " 403 " not in proc.log(), proc.name
 
 
-def test_a_lost_domain_pod_is_recreated_with_the_grouping_in_force(k8s, operator, namespace, fake_router):
+def test_a_lost_domain_pod_is_recreated_with_the_grouping_in_force(
+    k8s, operator, namespace, fake_router
+):
     with gpu_nodes(k8s, 2) as label:
-        ops.apply(k8s, cppool("lossy", namespace, 16, label, composition=[{"count": 2, "degree": 4},
-                                                                          {"count": 1, "degree": 8}]))
+        ops.apply(
+            k8s,
+            cppool(
+                "lossy",
+                namespace,
+                16,
+                label,
+                composition=[{"count": 2, "degree": 4}, {"count": 1, "degree": 8}],
+            ),
+        )
         st = wait_for("Ready", 30, _ready(k8s, namespace, "lossy"))
         before = {p["metadata"]["name"]: p for p in engine_pods(k8s, namespace, "lossy")}
         victim = before["lossy-d1"]
@@ -360,14 +535,23 @@ def test_a_lost_domain_pod_is_recreated_with_the_grouping_in_force(k8s, operator
         st = wait_for("DomainLost", 20, degraded)
         assert st["phase"] == "Degraded" and st["readyGPUs"] == 8
         with gpu_nodes(k8s, 1) as more:
-            k8s.kubectl("label", "node", "--overwrite", "-l", f"vertumnus.e2e/pool={more['vertumnus.e2e/pool']}",
-                        f"vertumnus.e2e/pool={label['vertumnus.e2e/pool']}")
+            k8s.kubectl(
+                "label",
+                "node",
+                "--overwrite",
+                "-l",
+                f"vertumnus.e2e/pool={more['vertumnus.e2e/pool']}",
+                f"vertumnus.e2e/pool={label['vertumnus.e2e/pool']}",
+            )
             wait_for("Ready again", 30, _ready(k8s, namespace, "lossy"))
             after = {p["metadata"]["name"]: p for p in engine_pods(k8s, namespace, "lossy")}
             assert after["lossy-d0"]["metadata"]["uid"] == before["lossy-d0"]["metadata"]["uid"]
             assert after["lossy-d1"]["metadata"]["uid"] != victim["metadata"]["uid"]
             ann = "vertumnus.io/grouping"
-            assert after["lossy-d1"]["metadata"]["annotations"][ann] == victim["metadata"]["annotations"][ann]
+            assert (
+                after["lossy-d1"]["metadata"]["annotations"][ann]
+                == victim["metadata"]["annotations"][ann]
+            )
             k8s.kubectl("delete", "cppool", "lossy", "-n", namespace, "--timeout=30s")
 
 
@@ -377,18 +561,30 @@ def test_deleting_the_pool_removes_everything_it_made(k8s, operator, namespace):
         wait_for("Ready", 30, _ready(k8s, namespace, "doomed"))
         selector = "vertumnus.io/pool=doomed"
         kinds = "pods,deployments,services,configmaps,secrets,podgroups.scheduling.k8s.io"
-        made = k8s.kubectl("get", kinds, "-n", namespace, "-l", selector, "-o", "name").stdout.split()
-        assert any(m.startswith("secret/") for m in made) and any("podgroup" in m for m in made), made
+        made = k8s.kubectl(
+            "get", kinds, "-n", namespace, "-l", selector, "-o", "name"
+        ).stdout.split()
+        assert any(m.startswith("secret/") for m in made) and any("podgroup" in m for m in made), (
+            made
+        )
         assert len(made) >= 9, made
         k8s.kubectl("delete", "cppool", "doomed", "-n", namespace, "--timeout=30s")
-        assert k8s.kubectl("get", "podgroups.scheduling.k8s.io", "doomed", "-n", namespace,
-                           check=False).returncode != 0
+        assert (
+            k8s.kubectl(
+                "get", "podgroups.scheduling.k8s.io", "doomed", "-n", namespace, check=False
+            ).returncode
+            != 0
+        )
 
         def gone():
-            left = k8s.kubectl("get", kinds, "-n", namespace, "-l", selector, "-o", "name").stdout.split()
+            left = k8s.kubectl(
+                "get", kinds, "-n", namespace, "-l", selector, "-o", "name"
+            ).stdout.split()
             # Deleted pods may linger as terminating until the GC finishes: none may be live.
             return not [x for x in left if not x.startswith("pod/")] and not [
-                p for p in engine_pods(k8s, namespace, "doomed") if not p["metadata"].get("deletionTimestamp")
+                p
+                for p in engine_pods(k8s, namespace, "doomed")
+                if not p["metadata"].get("deletionTimestamp")
             ]
 
         wait_for("everything the pool made to be gone", 30, gone)

@@ -23,7 +23,9 @@ from vertumnus.router.settings import RouterSettings
 def _support():  # type: ignore[no-untyped-def]
     name = "e2e_pool_support"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("pool_support.py"))
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).with_name("pool_support.py")
+        )
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
@@ -57,7 +59,9 @@ def settings(**kw) -> RouterSettings:  # type: ignore[no-untyped-def]
 
 
 async def _send(stub, rid: str, tokens, timeout: float = 120.0):  # type: ignore[no-untyped-def]
-    return await stub.Prefill(pool_pb2.PrefillRequest(request_id=rid, token_ids=tokens), timeout=timeout)
+    return await stub.Prefill(
+        pool_pb2.PrefillRequest(request_id=rid, token_ids=tokens), timeout=timeout
+    )
 
 
 def test_first_tokens_through_the_router_equal_a_single_rank_engines(engine, reference) -> None:
@@ -70,7 +74,9 @@ def test_first_tokens_through_the_router_equal_a_single_rank_engines(engine, ref
                 stub = pool_pb2_grpc.PrefillStub(ch)
                 first = [await _send(stub, f"a{i}", t) for i, t in enumerate(items)]
                 # again: now with cached prefixes on whichever workers hold them
-                again = await asyncio.gather(*(_send(stub, f"b{i}", t) for i, t in enumerate(items)))
+                again = await asyncio.gather(
+                    *(_send(stub, f"b{i}", t) for i, t in enumerate(items))
+                )
             return first, again
         finally:
             await running.stop()
@@ -122,11 +128,17 @@ def test_bad_requests_are_refused_naming_the_field(engine) -> None:
     out, ok = asyncio.run(scenario())
     bad = grpc.StatusCode.INVALID_ARGUMENT
     assert out["empty"] == (bad, "token_ids: empty (request e1)")
-    assert out["vocab"] == (bad, "token_ids[2]: 999 is outside the vocabulary [0, 256) (request e2)")
+    assert out["vocab"] == (
+        bad,
+        "token_ids[2]: 999 is outside the vocabulary [0, 256) (request e2)",
+    )
     assert out["negative"][0] == bad and "token_ids[0]: -1" in out["negative"][1]
     assert out["id"][0] == bad and out["id"][1].startswith("request_id:")
     assert out["id-chars"][0] == bad and "request_id:" in out["id-chars"][1]
-    assert out["long"] == (bad, "token_ids: 2049 tokens, more than the pool's maximum of 2048 (request e4)")
+    assert out["long"] == (
+        bad,
+        "token_ids: 2049 tokens, more than the pool's maximum of 2048 (request e4)",
+    )
     assert out["drain-unknown"] == (grpc.StatusCode.NOT_FOUND, "worker 77 is not in the pool")
     assert out["split-unknown"][0] == grpc.StatusCode.FAILED_PRECONDITION  # no controller here
     assert out["no-op"][0] == bad

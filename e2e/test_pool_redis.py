@@ -27,7 +27,9 @@ from vertumnus.router.settings import RouterSettings
 def _support():  # type: ignore[no-untyped-def]
     name = "e2e_pool_support"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("pool_support.py"))
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).with_name("pool_support.py")
+        )
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
@@ -42,7 +44,9 @@ NAMESPACE = "local/cpu-tiny"  # what redis_store_for uses for pool "local", prof
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):  # type: ignore[no-untyped-def]
-    e = ps.Engine(2, [1, 1], tmp_path_factory.mktemp("engine") / "engine.log", worker_ids=[0, 1]).start()
+    e = ps.Engine(
+        2, [1, 1], tmp_path_factory.mktemp("engine") / "engine.log", worker_ids=[0, 1]
+    ).start()
     yield e
     e.stop()
 
@@ -56,7 +60,12 @@ def redis(tmp_path):  # type: ignore[no-untyped-def]
 
 
 def settings(**kw) -> RouterSettings:  # type: ignore[no-untyped-def]
-    base = dict(listen=f"127.0.0.1:{ps.free_base(1)}", metrics_listen="", profile="cpu-tiny", store_retry_s=0.2)
+    base = dict(
+        listen=f"127.0.0.1:{ps.free_base(1)}",
+        metrics_listen="",
+        profile="cpu-tiny",
+        store_retry_s=0.2,
+    )
     base.update(kw)
     return RouterSettings(**base)
 
@@ -68,7 +77,9 @@ def shared_index(url: str) -> dict[int, set[int]]:
 
 
 async def _send(stub, rid: str, tokens, timeout: float = 60.0):  # type: ignore[no-untyped-def]
-    return await stub.Prefill(pool_pb2.PrefillRequest(request_id=rid, token_ids=tokens), timeout=timeout)
+    return await stub.Prefill(
+        pool_pb2.PrefillRequest(request_id=rid, token_ids=tokens), timeout=timeout
+    )
 
 
 async def _converged(probe, timeout_s: float = 15.0) -> bool:  # type: ignore[no-untyped-def]
@@ -80,7 +91,9 @@ async def _converged(probe, timeout_s: float = 15.0) -> bool:  # type: ignore[no
     return probe()
 
 
-def test_redis_killed_and_restarted_the_router_keeps_serving_and_the_index_converges(engine, redis) -> None:
+def test_redis_killed_and_restarted_the_router_keeps_serving_and_the_index_converges(
+    engine, redis
+) -> None:
     items = ps.prompts(30, seed=10)
 
     async def scenario():  # type: ignore[no-untyped-def]
@@ -100,7 +113,9 @@ def test_redis_killed_and_restarted_the_router_keeps_serving_and_the_index_conve
                 local_ok = {w: set(router.store.worker_keys(w)) for w in (0, 1)} == truth()
                 redis.start()  # empty: no persistence
                 after = [await _send(stub, f"a{i}", t) for i, t in enumerate(items[20:])]
-                recovered = await _converged(lambda: not router.store_degraded and shared_index(redis.url) == truth(), 20)
+                recovered = await _converged(
+                    lambda: not router.store_degraded and shared_index(redis.url) == truth(), 20
+                )
             return synced, during, degraded, local_ok, after, recovered, store.rewrites
         finally:
             await running.stop()
@@ -119,14 +134,18 @@ def test_two_routers_on_one_redis_see_the_same_index(engine, redis) -> None:
         a_store = redis_store_for(redis.url, "local", "cpu-tiny")
         b_store = redis_store_for(redis.url, "local", "cpu-tiny", follow=True)
         a = await start_router(settings(), [engine.address], store=a_store, router_id="a")
-        b = await start_router(settings(index_source="store"), [engine.address], store=b_store, router_id="b")
+        b = await start_router(
+            settings(index_source="store"), [engine.address], store=b_store, router_id="b"
+        )
         seen_external = 0.0
 
         async def watch() -> None:
             nonlocal seen_external
             while True:
                 b.router.core.refresh(b.router.now())
-                seen_external = max(seen_external, *(w.outstanding_s for w in b.router.core.workers))
+                seen_external = max(
+                    seen_external, *(w.outstanding_s for w in b.router.core.workers)
+                )
                 await asyncio.sleep(0.005)
 
         watcher = asyncio.create_task(watch())
@@ -135,9 +154,11 @@ def test_two_routers_on_one_redis_see_the_same_index(engine, redis) -> None:
                 stub = pool_pb2_grpc.PrefillStub(ch)
                 await asyncio.gather(*(_send(stub, f"x{i}", t) for i, t in enumerate(items)))
             same = await _converged(
-                lambda: {w: set(b.router.store.worker_keys(w)) for w in (0, 1)}
-                == {w: set(a.router.store.worker_keys(w)) for w in (0, 1)}
-                and any(a.router.store.worker_keys(w) for w in (0, 1))
+                lambda: (
+                    {w: set(b.router.store.worker_keys(w)) for w in (0, 1)}
+                    == {w: set(a.router.store.worker_keys(w)) for w in (0, 1)}
+                    and any(a.router.store.worker_keys(w) for w in (0, 1))
+                )
             )
             async with grpc.aio.insecure_channel(b.address) as ch:
                 r = await _send(pool_pb2_grpc.PrefillStub(ch), "via-b", items[0])

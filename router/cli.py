@@ -23,26 +23,70 @@ def register(sub: argparse._SubParsersAction) -> None:
             "events, the cache manager, drains and epoch switches."
         ),
     )
-    p.add_argument("--engine", action="append", required=True, metavar="HOST:PORT",
-                   help="rank 0's address of one engine (an NVLink domain); repeat once per domain, in domain order")
-    p.add_argument("--listen", default="127.0.0.1:50050", help="HOST:PORT of the public API (default %(default)s)")
-    p.add_argument("--metrics-listen", default="127.0.0.1:9464",
-                   help="HOST:PORT of /metrics (default %(default)s; empty for none)")
-    p.add_argument("--pool", default="local", help="the pool's name, part of the index's namespace (default %(default)s)")
-    p.add_argument("--profile", default="cpu-tiny",
-                   help="prefill-time profile placement predicts with: bundled name or .json path (default %(default)s)")
-    p.add_argument("--redis-url", default=None,
-                   help="share the prefix index and the load through Redis (redis://host:port/db); the password "
-                   "comes from VERTUMNUS_REDIS_PASSWORD(_FILE), never from the command line")
-    p.add_argument("--index-source", choices=("workers", "store"), default="workers",
-                   help="follow the engines' cache events (default), or the shared store's changes (a second replica)")
-    p.add_argument("--router-id", default="router-0", help="this replica's name in metrics and the load board")
-    p.add_argument("--admission-limit", type=int, default=1024,
-                   help="requests accepted and not finished, at most (default %(default)s)")
-    p.add_argument("--no-cache-manager", action="store_true", help="run without the global prefix-cache manager")
-    p.add_argument("--controller", action="store_true",
-                   help="run the composition controller here (no operator): split and merge by window demand")
-    p.add_argument("--log-format", choices=("json", "text"), default="json", help="log lines (default %(default)s)")
+    p.add_argument(
+        "--engine",
+        action="append",
+        required=True,
+        metavar="HOST:PORT",
+        help="rank 0's address of one engine (an NVLink domain); repeat once per domain, in domain order",
+    )
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:50050",
+        help="HOST:PORT of the public API (default %(default)s)",
+    )
+    p.add_argument(
+        "--metrics-listen",
+        default="127.0.0.1:9464",
+        help="HOST:PORT of /metrics (default %(default)s; empty for none)",
+    )
+    p.add_argument(
+        "--pool",
+        default="local",
+        help="the pool's name, part of the index's namespace (default %(default)s)",
+    )
+    p.add_argument(
+        "--profile",
+        default="cpu-tiny",
+        help="prefill-time profile placement predicts with: bundled name or .json path (default %(default)s)",
+    )
+    p.add_argument(
+        "--redis-url",
+        default=None,
+        help="share the prefix index and the load through Redis (redis://host:port/db); the password "
+        "comes from VERTUMNUS_REDIS_PASSWORD(_FILE), never from the command line",
+    )
+    p.add_argument(
+        "--index-source",
+        choices=("workers", "store"),
+        default="workers",
+        help="follow the engines' cache events (default), or the shared store's changes (a second replica)",
+    )
+    p.add_argument(
+        "--router-id", default="router-0", help="this replica's name in metrics and the load board"
+    )
+    p.add_argument(
+        "--admission-limit",
+        type=int,
+        default=1024,
+        help="requests accepted and not finished, at most (default %(default)s)",
+    )
+    p.add_argument(
+        "--no-cache-manager",
+        action="store_true",
+        help="run without the global prefix-cache manager",
+    )
+    p.add_argument(
+        "--controller",
+        action="store_true",
+        help="run the composition controller here (no operator): split and merge by window demand",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=("json", "text"),
+        default="json",
+        help="log lines (default %(default)s)",
+    )
     p.set_defaults(func=cmd_router)
 
 

@@ -78,7 +78,9 @@ class Follower:
     _down_since: float | None = None
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"follow-{self.worker}")
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"follow-{self.worker}"
+        )
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -196,7 +198,12 @@ class Follower:
         if kind == worker_pb2.CacheEvent.STORED:
             stored = [
                 (k, p, parent if p else None)
-                for k, p, parent in zip(ev.block_keys, ev.positions, ev.parent_keys or [0] * len(ev.block_keys), strict=True)
+                for k, p, parent in zip(
+                    ev.block_keys,
+                    ev.positions,
+                    ev.parent_keys or [0] * len(ev.block_keys),
+                    strict=True,
+                )
             ]
             self.apply(self.worker, stored, (), False)
         elif kind == worker_pb2.CacheEvent.REMOVED:

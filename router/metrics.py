@@ -54,56 +54,82 @@ class RouterMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self._ttft = Histogram(
-            "vertumnus_router_ttft_seconds", "Router receipt to first token.", ["degree"],
-            buckets=_TTFT_BUCKETS, registry=r,
+            "vertumnus_router_ttft_seconds",
+            "Router receipt to first token.",
+            ["degree"],
+            buckets=_TTFT_BUCKETS,
+            registry=r,
         )
         self._placement = Histogram(
-            "vertumnus_router_placement_seconds", "Validation, admission and placement of one request.",
-            buckets=_FAST_BUCKETS, registry=r,
+            "vertumnus_router_placement_seconds",
+            "Validation, admission and placement of one request.",
+            buckets=_FAST_BUCKETS,
+            registry=r,
         )
         self._outcomes = Counter(
             "vertumnus_router_requests", "Requests by outcome.", ["outcome"], registry=r
         )
         self._attempt_failures = Counter(
-            "vertumnus_router_attempt_failures", "Attempts a worker failed, by status.",
-            ["worker", "code"], registry=r,
+            "vertumnus_router_attempt_failures",
+            "Attempts a worker failed, by status.",
+            ["worker", "code"],
+            registry=r,
         )
         self._hit_tokens = Counter(
-            "vertumnus_router_cache_hit_tokens", "Prompt tokens served from a worker's cache.", registry=r
+            "vertumnus_router_cache_hit_tokens",
+            "Prompt tokens served from a worker's cache.",
+            registry=r,
         )
         self._prompt_tokens = Counter(
             "vertumnus_router_prompt_tokens", "Prompt tokens of completed requests.", registry=r
         )
         self._reconciled = Counter(
-            "vertumnus_router_reconciled_blocks", "Pending blocks copied before a prefill reused them.",
+            "vertumnus_router_reconciled_blocks",
+            "Pending blocks copied before a prefill reused them.",
             registry=r,
         )
         self._copies = Counter(
-            "vertumnus_cache_manager_copies", "Cache-manager copies finished, by result.", ["result"], registry=r
+            "vertumnus_cache_manager_copies",
+            "Cache-manager copies finished, by result.",
+            ["result"],
+            registry=r,
         )
         self._reclaims = Counter(
-            "vertumnus_cache_manager_reclaims", "Cache-manager reclamations finished, by result.",
-            ["result"], registry=r,
+            "vertumnus_cache_manager_reclaims",
+            "Cache-manager reclamations finished, by result.",
+            ["result"],
+            registry=r,
         )
         self._scans = Counter("vertumnus_cache_manager_scans", "Cache-manager scans.", registry=r)
         self._reconfigs = Counter(
             "vertumnus_reconfigurations", "Splits and merges committed.", ["kind"], registry=r
         )
         self._reconf_drain = Histogram(
-            "vertumnus_reconfiguration_drain_seconds", "Drain part of a split or merge.", ["kind"],
-            buckets=_RECONF_BUCKETS, registry=r,
+            "vertumnus_reconfiguration_drain_seconds",
+            "Drain part of a split or merge.",
+            ["kind"],
+            buckets=_RECONF_BUCKETS,
+            registry=r,
         )
         self._reconf_switch = Histogram(
-            "vertumnus_reconfiguration_switch_seconds", "Engine epoch switch of a split or merge.",
-            ["kind"], buckets=_RECONF_BUCKETS, registry=r,
+            "vertumnus_reconfiguration_switch_seconds",
+            "Engine epoch switch of a split or merge.",
+            ["kind"],
+            buckets=_RECONF_BUCKETS,
+            registry=r,
         )
         self._reconf_total = Histogram(
-            "vertumnus_reconfiguration_total_seconds", "A split or merge end to end.", ["kind"],
-            buckets=_RECONF_BUCKETS, registry=r,
+            "vertumnus_reconfiguration_total_seconds",
+            "A split or merge end to end.",
+            ["kind"],
+            buckets=_RECONF_BUCKETS,
+            registry=r,
         )
         self._controller = Histogram(
-            "vertumnus_controller_decision_seconds", "The composition controller's time per window.",
-            buckets=_FAST_BUCKETS, registry=r,
+            "vertumnus_controller_decision_seconds",
+            "The composition controller's time per window.",
+            buckets=_FAST_BUCKETS,
+            registry=r,
         )
         self._state = _StateCollector()
         r.register(self._state)
@@ -130,11 +156,20 @@ class RouterMetrics:
             for state in core.workers
         )
         followers = tuple(
-            (wid, f.counts.events, f.counts.gaps, f.counts.resyncs, f.counts.drops, f.counts.reconnects)
+            (
+                wid,
+                f.counts.events,
+                f.counts.gaps,
+                f.counts.resyncs,
+                f.counts.drops,
+                f.counts.reconnects,
+            )
             for wid, f in router.followers.items()
         )
         epoch = router.pool.epoch if router.pool is not None else 0
-        self._state.values = _Snapshot(workers, epoch, router.in_flight(), len(router.store), followers)
+        self._state.values = _Snapshot(
+            workers, epoch, router.in_flight(), len(router.store), followers
+        )
 
     def placement_seconds(self, seconds: float) -> None:
         self._placement.observe(seconds)
@@ -202,11 +237,13 @@ class _StateCollector(Collector):
         if snap is None:
             return
         outstanding = GaugeMetricFamily(
-            "vertumnus_worker_outstanding_seconds", "q_w: predicted work queued or running.",
+            "vertumnus_worker_outstanding_seconds",
+            "q_w: predicted work queued or running.",
             labels=["worker", "degree"],
         )
         queue = GaugeMetricFamily(
-            "vertumnus_worker_queue_length", "Requests placed at the worker and not started.",
+            "vertumnus_worker_queue_length",
+            "Requests placed at the worker and not started.",
             labels=["worker", "degree"],
         )
         reachable = GaugeMetricFamily(
@@ -223,7 +260,9 @@ class _StateCollector(Collector):
         epoch = GaugeMetricFamily("vertumnus_pool_epoch", "The pool's configuration epoch.")
         epoch.add_metric([], float(snap.epoch))
         yield epoch
-        inflight = GaugeMetricFamily("vertumnus_router_requests_in_flight", "Accepted, not finished.")
+        inflight = GaugeMetricFamily(
+            "vertumnus_router_requests_in_flight", "Accepted, not finished."
+        )
         inflight.add_metric([], float(snap.in_flight))
         yield inflight
         blocks = GaugeMetricFamily("vertumnus_index_blocks", "Blocks in the global prefix index.")

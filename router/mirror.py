@@ -52,7 +52,9 @@ def redis_store_for(url: str, pool: str, profile: str, *, follow: bool = False) 
 class MirroredStore:
     """A :class:`~vertumnus.core.store.TrieStore`: the local trie, with Redis kept in step."""
 
-    def __init__(self, remote: Any, client: Any = None, *, follow: bool = False, retry_s: float = 1.0) -> None:
+    def __init__(
+        self, remote: Any, client: Any = None, *, follow: bool = False, retry_s: float = 1.0
+    ) -> None:
         self.remote = remote
         self.client = client
         self.local = PrefixTrie(remote.namespace)
@@ -185,7 +187,11 @@ class MirroredStore:
             except ConnectionError:
                 continue
             if self._incarnation is not None and now != self._incarnation and self.local.workers():
-                _log.warning("redis started over (incarnation %s -> %s): writing the index back", self._incarnation, now)
+                _log.warning(
+                    "redis started over (incarnation %s -> %s): writing the index back",
+                    self._incarnation,
+                    now,
+                )
                 self.mark_all_dirty()
                 self.degraded = True
                 asyncio.get_running_loop().create_task(self._recover(), name="index-recover")
@@ -262,7 +268,9 @@ class MirroredStore:
 
     async def _mirror(self, change: Change) -> None:
         infos = await asyncio.to_thread(self.remote.blocks, change.stored)
-        items = [(k, b.depth - 1, b.parent) for k in change.stored if (b := infos.get(k)) is not None]
+        items = [
+            (k, b.depth - 1, b.parent) for k in change.stored if (b := infos.get(k)) is not None
+        ]
         items.sort(key=lambda i: i[1])
         self.local.apply(change.worker, items, change.removed, cleared=change.dropped)
 
@@ -288,4 +296,3 @@ class MirroredStore:
                 self.local.drop_worker(w)
         for w, items in view.items():
             self.local.apply(w, items, cleared=True)
-

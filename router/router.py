@@ -170,8 +170,12 @@ class Router:
         self.engines = list(engines)
         self.router_id = router_id
         self.model = load_model(settings.profile)
-        self.store: TrieStore = store if store is not None else PrefixTrie(f"{settings.pool}:{self.model.name}")
-        manager = CacheManager(settings.cache_manager) if settings.cache_manager is not None else None
+        self.store: TrieStore = (
+            store if store is not None else PrefixTrie(f"{settings.pool}:{self.model.name}")
+        )
+        manager = (
+            CacheManager(settings.cache_manager) if settings.cache_manager is not None else None
+        )
         self.core: RoutingCore | None = None
         self._manager = manager
         self.metrics = RouterMetrics(router_id)
@@ -245,7 +249,10 @@ class Router:
         )
         domain_size = max(e.world for e in self.engine_info)
         slots = [w.slot for e in self.engine_info for w in e.workers]
-        self.pool = transition.initial_pool(Layout(tuple(sorted(slots, key=lambda s: (s.domain, s.offset))), domain_size), epoch=max(e.epoch for e in self.engine_info))
+        self.pool = transition.initial_pool(
+            Layout(tuple(sorted(slots, key=lambda s: (s.domain, s.offset))), domain_size),
+            epoch=max(e.epoch for e in self.engine_info),
+        )
         for e in self.engine_info:
             for w in e.workers:
                 self._add_worker(w, e.epoch, e.incarnation, resync_first=True)
@@ -263,7 +270,10 @@ class Router:
         self._spawn(self._metrics_loop(), "metrics")
         _log.info(
             "router %s serving %s (%d workers, epoch %d)",
-            self.router_id, self.composition(), len(self.workers), self.pool.epoch,
+            self.router_id,
+            self.composition(),
+            len(self.workers),
+            self.pool.epoch,
         )
 
     async def _discover(self, domain: int, address: str, timeout_s: float) -> EngineInfo:
@@ -284,7 +294,9 @@ class Router:
         self._closing = True
         for p in list(self._by_client.values()):
             if not p.future.done():
-                p.future.set_exception(RouterError(grpc.StatusCode.UNAVAILABLE, "the router is shutting down"))
+                p.future.set_exception(
+                    RouterError(grpc.StatusCode.UNAVAILABLE, "the router is shutting down")
+                )
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -308,7 +320,9 @@ class Router:
 
     # -- workers ------------------------------------------------------------------------
 
-    def _add_worker(self, address: WorkerAddress, epoch: int, incarnation: int, *, resync_first: bool) -> None:
+    def _add_worker(
+        self, address: WorkerAddress, epoch: int, incarnation: int, *, resync_first: bool
+    ) -> None:
         assert self.core is not None
         wid = address.id
         self.core.add_worker(wid, address.slot.degree, cache_capacity_blocks=address.cache_blocks)
@@ -377,14 +391,25 @@ class Router:
     # -- the request path -----------------------------------------------------------
 
     async def prefill(
-        self, request_id: str, tokens: Sequence[int], *, timeout_s: float | None = None, ttft_slo_s: float = 0.0
+        self,
+        request_id: str,
+        tokens: Sequence[int],
+        *,
+        timeout_s: float | None = None,
+        ttft_slo_s: float = 0.0,
     ) -> PrefillResult:
         """Serve one prefill; raises :class:`RouterError` with the status to answer."""
         if self.core is None or self._closing:
             raise RouterError(grpc.StatusCode.UNAVAILABLE, "the router is not serving")
         started = time.perf_counter()
         try:
-            check_prefill(request_id, tokens, ttft_slo_s, max_tokens=self.max_tokens, vocab_size=self.vocab_size)
+            check_prefill(
+                request_id,
+                tokens,
+                ttft_slo_s,
+                max_tokens=self.max_tokens,
+                vocab_size=self.vocab_size,
+            )
         except BadRequest as e:
             self.metrics.outcome("invalid")
             raise RouterError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
@@ -414,7 +439,8 @@ class Router:
             self._abandon(p)
             self.metrics.outcome("deadline")
             raise RouterError(
-                grpc.StatusCode.DEADLINE_EXCEEDED, f"request {request_id}: no first token within {timeout:.3g} s"
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"request {request_id}: no first token within {timeout:.3g} s",
             ) from None
         finally:
             self._by_client.pop(request_id, None)
@@ -424,13 +450,18 @@ class Router:
         assert self.core is not None
         decision = self.core.schedule(p.request, self.now())
         if decision is None:
-            if self._reconfiguring() or any(w.unreachable or w.draining for w in self.workers.values()):
+            if self._reconfiguring() or any(
+                w.unreachable or w.draining for w in self.workers.values()
+            ):
                 self._held.append(p)  # workers will be back: wait for them
                 return
-            self._fail(p, RouterError(
-                grpc.StatusCode.UNAVAILABLE,
-                f"no worker can take a request of {p.request.length} tokens",
-            ))
+            self._fail(
+                p,
+                RouterError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"no worker can take a request of {p.request.length} tokens",
+                ),
+            )
             return
         p.decision = decision
         p.attempts += 1
@@ -439,7 +470,10 @@ class Router:
             hop = self._hop
             hop.demand_s += decision.estimate_s
             hop.requests += 1
-            if self.settings.controller is not None and p.request.length > self.settings.controller.long_threshold:
+            if (
+                self.settings.controller is not None
+                and p.request.length > self.settings.controller.long_threshold
+            ):
                 hop.long_requests += 1
                 hop.long_demand_s += decision.estimate_s
         w = self.workers[decision.worker]
@@ -466,7 +500,8 @@ class Router:
         assert d is not None and self.core is not None
         budget = min(
             p.deadline - self.now(),
-            self.settings.attempt_timeout_floor_s + self.settings.attempt_timeout_factor * d.estimate_s,
+            self.settings.attempt_timeout_floor_s
+            + self.settings.attempt_timeout_factor * d.estimate_s,
         )
         try:
             if d.copies:
@@ -485,13 +520,25 @@ class Router:
         if not p.future.done():
             ttft = self.now() - p.received
             result = PrefillResult(
-                p.client_id, reply.first_token_id, worker, reply.degree, reply.epoch, reply.cached_tokens,
+                p.client_id,
+                reply.first_token_id,
+                worker,
+                reply.degree,
+                reply.epoch,
+                reply.cached_tokens,
                 (p.forwarded_at - p.received) + reply.queue_seconds,
-                reply.execution_seconds, ttft, p.attempts, d.estimate_s,
+                reply.execution_seconds,
+                ttft,
+                p.attempts,
+                d.estimate_s,
             )
             p.future.set_result(result)
-            self._hop.reused[worker] = self._hop.reused.get(worker, 0.0) + reply.cached_tokens / self.block_size
-            self.metrics.completed(result, w.address.slot.degree, reply.cached_tokens, len(p.tokens))
+            self._hop.reused[worker] = (
+                self._hop.reused.get(worker, 0.0) + reply.cached_tokens / self.block_size
+            )
+            self.metrics.completed(
+                result, w.address.slot.degree, reply.cached_tokens, len(p.tokens)
+            )
         self._after_run(worker)
 
     def _after_run(self, worker: int) -> None:
@@ -514,17 +561,37 @@ class Router:
         self.core.failed(p.request.id)
         self.metrics.attempt_failed(worker, code.name)
         _log.warning(
-            "request %s: worker %d failed (%s: %s)", p.client_id, worker, code.name, e.details(),
-            extra={"request_id": p.client_id, "worker": worker, "code": code.name, "attempt": p.attempts},
+            "request %s: worker %d failed (%s: %s)",
+            p.client_id,
+            worker,
+            code.name,
+            e.details(),
+            extra={
+                "request_id": p.client_id,
+                "worker": worker,
+                "code": code.name,
+                "attempt": p.attempts,
+            },
         )
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNKNOWN):
+        if code in (
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            grpc.StatusCode.UNKNOWN,
+        ):
             self._mark_unreachable(worker)
-        if code not in _RETRYABLE or p.attempts >= self.settings.max_attempts or self.now() >= p.deadline:
-            self._fail(p, RouterError(
-                grpc.StatusCode.UNAVAILABLE,
-                f"request {p.client_id}: {p.attempts} attempt(s) failed, last at worker {worker} "
-                f"({code.name}: {e.details()})",
-            ))
+        if (
+            code not in _RETRYABLE
+            or p.attempts >= self.settings.max_attempts
+            or self.now() >= p.deadline
+        ):
+            self._fail(
+                p,
+                RouterError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"request {p.client_id}: {p.attempts} attempt(s) failed, last at worker {worker} "
+                    f"({code.name}: {e.details()})",
+                ),
+            )
         elif not p.future.done():
             self.metrics.outcome("replaced")
             self._place(p)
@@ -571,7 +638,9 @@ class Router:
         for q in queued:
             self._place(q)
 
-    async def _copy_pending(self, worker: int, copies: Sequence[PendingCopy], budget: float) -> None:
+    async def _copy_pending(
+        self, worker: int, copies: Sequence[PendingCopy], budget: float
+    ) -> None:
         """Copy the pending blocks a placement reuses before its prefill (lazy reconciliation)."""
         w = self.workers[worker]
         for c in copies:
@@ -587,7 +656,10 @@ class Router:
             except grpc.aio.AioRpcError as e:
                 # Not fatal: the prefill recomputes what is missing. Say so.
                 _log.info(
-                    "worker %d: reconciliation copy from %d failed: %s", worker, source, e.details(),
+                    "worker %d: reconciliation copy from %d failed: %s",
+                    worker,
+                    source,
+                    e.details(),
                     extra={"worker": worker, "source": source},
                 )
 
@@ -634,7 +706,9 @@ class Router:
         """One cache-manager scan now; its copies and reclamations start. Returns
         (copies, reclaims, tracked blocks)."""
         if self._manager is None or self.core is None:
-            raise RouterError(grpc.StatusCode.FAILED_PRECONDITION, "this router runs no cache manager")
+            raise RouterError(
+                grpc.StatusCode.FAILED_PRECONDITION, "this router runs no cache manager"
+            )
         plan = self._manager.scan(self.core)
         for op in plan.copies:
             self._spawn(self._copy(op), f"copy-{op.key:x}")
@@ -655,7 +729,9 @@ class Router:
                 )
                 ok = True
             except grpc.aio.AioRpcError as e:
-                _log.info("copy of %#x to worker %d failed: %s", op.key, op.destination, e.details())
+                _log.info(
+                    "copy of %#x to worker %d failed: %s", op.key, op.destination, e.details()
+                )
         if any(o is op for o in self._manager.copies_in_flight):
             self._manager.copy_finished(op, installed=ok)
             self.metrics.copy_done(ok)
@@ -666,7 +742,10 @@ class Router:
         ok = False
         in_use = self._manager.in_use(op.worker, op.key) or (
             w is not None
-            and any(op.key in q.request.block_keys for q in [*w.queue, *([w.running] if w.running else [])])
+            and any(
+                op.key in q.request.block_keys
+                for q in [*w.queue, *([w.running] if w.running else [])]
+            )
         )
         children = self.store.children(op.key)
         has_child = any(op.worker in self.store.holders(c) for c in children)
@@ -720,7 +799,11 @@ class Router:
             tick = self.controller.tick(running, busy)
             self.metrics.controller_seconds(time.perf_counter() - t0)
             if tick is not None and tick.ops:
-                _log.info("controller: %s (utilization %.2f)", ", ".join(map(str, tick.ops)), tick.utilization)
+                _log.info(
+                    "controller: %s (utilization %.2f)",
+                    ", ".join(map(str, tick.ops)),
+                    tick.utilization,
+                )
                 for op in tick.ops:
                     self._spawn(self._run_op(op), f"transition-{op}")
 
@@ -732,7 +815,10 @@ class Router:
             return
         if self.controller is not None:
             more = self.controller.committed(
-                op, commit.new_ids, [s.worker for s in commit.removed], self.core.running_remaining(self.now())  # type: ignore[union-attr]
+                op,
+                commit.new_ids,
+                [s.worker for s in commit.removed],
+                self.core.running_remaining(self.now()),  # type: ignore[union-attr]
             )
             for nxt in more:
                 self._spawn(self._run_op(nxt), f"transition-{nxt}")
@@ -785,7 +871,14 @@ class Router:
         _log.info("transition %s committed: %s", record["kind"], record)
         return commit
 
-    async def drain(self, worker: int, *, resume: bool = False, wait: bool = True, timeout_s: float | None = None) -> tuple[bool, int]:
+    async def drain(
+        self,
+        worker: int,
+        *,
+        resume: bool = False,
+        wait: bool = True,
+        timeout_s: float | None = None,
+    ) -> tuple[bool, int]:
         """Stop admitting at ``worker``, place its queue elsewhere, wait for its running
         prefill; then have its engine drain it too (a regroup needs that). Idempotent."""
         w = self.workers.get(worker)
@@ -809,13 +902,16 @@ class Router:
             await asyncio.wait_for(w.idle.wait(), timeout)
         except TimeoutError:
             raise RouterError(
-                grpc.StatusCode.DEADLINE_EXCEEDED, f"worker {worker} still runs a prefill after {timeout:.0f} s"
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"worker {worker} still runs a prefill after {timeout:.0f} s",
             ) from None
         try:
             await stub.Drain(worker_pb2.DrainRequest(), timeout=timeout)
         except grpc.aio.AioRpcError as e:
             if not w.unreachable:
-                raise RouterError(grpc.StatusCode.UNAVAILABLE, f"worker {worker} did not drain: {e.details()}") from None
+                raise RouterError(
+                    grpc.StatusCode.UNAVAILABLE, f"worker {worker} did not drain: {e.details()}"
+                ) from None
         return True, replaced
 
     async def _switch_engine(self, action: transition.Switch) -> float:
@@ -872,8 +968,12 @@ class Router:
             return plan_split(prefixes[olds[0]], (a.worker, b.worker), 1 << 30)
         assert self.core is not None
         return plan_merge(
-            prefixes[olds[0]], prefixes[olds[1]], (olds[0], olds[1]), commit.added[0].worker,
-            self.core.pending(olds[0]), self.core.pending(olds[1]),
+            prefixes[olds[0]],
+            prefixes[olds[1]],
+            (olds[0], olds[1]),
+            commit.added[0].worker,
+            self.core.pending(olds[0]),
+            self.core.pending(olds[1]),
         )
 
     def _prefixes_of(self, worker: int) -> list[tuple[int, ...]]:
@@ -923,12 +1023,20 @@ class Router:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"grouping: not a {kind} of workers {sorted(removed)} (adds {[s.worker for s in added]})",
             )
-        undrained = [w for w in removed if not self.workers[w].draining or not self.workers[w].idle.is_set()]
+        undrained = [
+            w for w in removed if not self.workers[w].draining or not self.workers[w].idle.is_set()
+        ]
         if undrained:
-            raise RouterError(grpc.StatusCode.FAILED_PRECONDITION, f"workers {undrained} are not drained")
+            raise RouterError(
+                grpc.StatusCode.FAILED_PRECONDITION, f"workers {undrained} are not drained"
+            )
         async with self._transition_lock:
-            seconds = await self._switch_engine(transition.Switch(0, epoch, domain, grouping, tuple(removed), added))
-            slots = [s for s in self.pool.layout.slots if s.worker not in set(removed)] + list(added)
+            seconds = await self._switch_engine(
+                transition.Switch(0, epoch, domain, grouping, tuple(removed), added)
+            )
+            slots = [s for s in self.pool.layout.slots if s.worker not in set(removed)] + list(
+                added
+            )
             slots.sort(key=lambda s: (s.domain, s.offset))
             self.pool = replace(
                 self.pool,

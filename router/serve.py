@@ -32,7 +32,9 @@ _log = logging.getLogger("vertumnus.router")
 class RunningRouter:
     """A started router and its servers (for tests and for ``vertumnus up``)."""
 
-    def __init__(self, router: Router, server: grpc.aio.Server, port: int, metrics_port: int | None) -> None:
+    def __init__(
+        self, router: Router, server: grpc.aio.Server, port: int, metrics_port: int | None
+    ) -> None:
         self.router = router
         self.server = server
         self.port = port
@@ -70,7 +72,9 @@ async def start_router(
     try:
         port = server.add_insecure_port(settings.listen)
     except RuntimeError as e:
-        raise OSError(f"cannot listen on {settings.listen}: {e} (is another router running there?)") from None
+        raise OSError(
+            f"cannot listen on {settings.listen}: {e} (is another router running there?)"
+        ) from None
     if port == 0:
         raise OSError(f"cannot listen on {settings.listen} (is another router running there?)")
     await health.set("", NOT_SERVING)
@@ -87,7 +91,9 @@ async def start_router(
     if settings.metrics_listen:
         host, _, mport = settings.metrics_listen.rpartition(":")
         try:
-            http, _thread = start_http_server(int(mport), addr=host, registry=router.metrics.registry)
+            http, _thread = start_http_server(
+                int(mport), addr=host, registry=router.metrics.registry
+            )
         except OSError as e:
             await running.stop(0)
             raise OSError(f"cannot serve metrics on {settings.metrics_listen}: {e}") from None

@@ -79,16 +79,26 @@ class AdminServicer(pool_pb2_grpc.AdminServicer):
             s = w.address.slot
             workers.append(
                 pool_pb2.WorkerStatus(
-                    worker=s.worker, degree=s.degree, domain=s.domain, offset=s.offset,
-                    state=_STATES[kind], address=w.address.address,
-                    outstanding_seconds=state.outstanding_s, queued=state.queued, running=state.running,
+                    worker=s.worker,
+                    degree=s.degree,
+                    domain=s.domain,
+                    offset=s.offset,
+                    state=_STATES[kind],
+                    address=w.address.address,
+                    outstanding_seconds=state.outstanding_s,
+                    queued=state.queued,
+                    running=state.running,
                     cached_blocks=len(router.store.worker_keys(s.worker)),
                 )
             )
         transitions = [
             pool_pb2.TransitionStatus(
-                id=t.id, kind=t.kind, phase=t.phase.value, removed=list(t.members),
-                added=[s.worker for s in t.added], epoch=t.epoch,
+                id=t.id,
+                kind=t.kind,
+                phase=t.phase.value,
+                removed=list(t.members),
+                added=[s.worker for s in t.added],
+                epoch=t.epoch,
             )
             for t in router.pool.transitions
         ]
@@ -107,7 +117,9 @@ class AdminServicer(pool_pb2_grpc.AdminServicer):
     async def Drain(self, request, context):  # type: ignore[no-untyped-def]
         try:
             drained, replaced = await self.router.drain(
-                request.worker, resume=request.resume, wait=not request.no_wait,
+                request.worker,
+                resume=request.resume,
+                wait=not request.no_wait,
                 timeout_s=request.timeout_seconds or None,
             )
         except RouterError as e:
@@ -117,7 +129,10 @@ class AdminServicer(pool_pb2_grpc.AdminServicer):
 
     async def Switch(self, request, context):  # type: ignore[no-untyped-def]
         if request.kind not in ("split", "merge"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"kind: expected split or merge, got {request.kind!r}")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"kind: expected split or merge, got {request.kind!r}",
+            )
         grouping = [Slot(s.worker, s.degree, s.domain, s.offset) for s in request.grouping]
         try:
             seconds, added = await self.router.switch(
@@ -143,11 +158,15 @@ class AdminServicer(pool_pb2_grpc.AdminServicer):
             op = planner.Split(request.split, reason=request.reason or "requested")
             known = [request.split]
         else:
-            op = planner.Merge((request.merge.a, request.merge.b), reason=request.reason or "requested")
+            op = planner.Merge(
+                (request.merge.a, request.merge.b), reason=request.reason or "requested"
+            )
             known = [request.merge.a, request.merge.b]
         for w in known:
             if w not in self.router.workers:
-                await context.abort(grpc.StatusCode.NOT_FOUND, f"{which}: worker {w} is not in the pool")
+                await context.abort(
+                    grpc.StatusCode.NOT_FOUND, f"{which}: worker {w} is not in the pool"
+                )
         try:
             commit = await self.router.reconfigure(op)
         except RouterError as e:
@@ -155,8 +174,11 @@ class AdminServicer(pool_pb2_grpc.AdminServicer):
             raise
         record = self.router.transitions_done[-1]
         return pool_pb2.ReconfigureResponse(
-            transition=commit.transition, added=commit.new_ids, drain_seconds=float(record["drain_s"]),
-            switch_seconds=float(record["switch_s"]), epoch=commit.epoch,
+            transition=commit.transition,
+            added=commit.new_ids,
+            drain_seconds=float(record["drain_s"]),
+            switch_seconds=float(record["switch_s"]),
+            epoch=commit.epoch,
         )
 
     async def Scan(self, request, context):  # type: ignore[no-untyped-def]
@@ -179,7 +201,9 @@ class AdminServicer(pool_pb2_grpc.AdminServicer):
             long_demand_seconds=report.long_demand_s,
             workers=[
                 pool_pb2.WorkerLoad(
-                    worker=w, running_remaining_seconds=rest, reused_blocks=report.reused.get(w, 0.0)
+                    worker=w,
+                    running_remaining_seconds=rest,
+                    reused_blocks=report.reused.get(w, 0.0),
                 )
                 for w, rest in sorted(running.items())
             ],

@@ -69,7 +69,9 @@ class RouterSettings:
         for name in ("listen",):
             host, sep, port = getattr(self, name).rpartition(":")
             if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-                raise ValueError(f"{name}: expected HOST:PORT with a port in 0..65535, got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"{name}: expected HOST:PORT with a port in 0..65535, got {getattr(self, name)!r}"
+                )
         if self.admission_limit < 1:
             raise ValueError(f"admission_limit must be >= 1, got {self.admission_limit}")
         if self.max_attempts < 1:
@@ -87,6 +89,10 @@ class RouterSettings:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.index_source not in ("workers", "store"):
-            raise ValueError(f"index_source must be 'workers' or 'store', got {self.index_source!r}")
+            raise ValueError(
+                f"index_source must be 'workers' or 'store', got {self.index_source!r}"
+            )
         if not self.pool or any(c in self.pool for c in "{}: \t\n"):
-            raise ValueError(f"pool name {self.pool!r} must be non-empty without braces, colons or spaces")
+            raise ValueError(
+                f"pool name {self.pool!r} must be non-empty without braces, colons or spaces"
+            )

@@ -48,4 +48,6 @@ def check_prefill(
             f"token_ids[{i}]: {bad} is outside the vocabulary [0, {vocab_size}) (request {request_id})"
         )
     if not (math.isfinite(ttft_slo_seconds) and ttft_slo_seconds >= 0):
-        raise BadRequest(f"ttft_slo_seconds: must be >= 0, got {ttft_slo_seconds} (request {request_id})")
+        raise BadRequest(
+            f"ttft_slo_seconds: must be >= 0, got {ttft_slo_seconds} (request {request_id})"
+        )

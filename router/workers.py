@@ -92,7 +92,9 @@ class Endpoints:
         await asyncio.gather(*(c.close(grace=None) for c in channels), return_exceptions=True)
 
 
-async def discover(endpoints: Endpoints, domain: int, address: str, timeout_s: float = 5.0) -> EngineInfo:
+async def discover(
+    endpoints: Endpoints, domain: int, address: str, timeout_s: float = 5.0
+) -> EngineInfo:
     """Ask an engine's ranks which workers they serve. Raises ``grpc.aio.AioRpcError``
     if rank 0 does not answer, ValueError if the engine's answers do not fit together."""
     first = await endpoints.stub(address).Describe(worker_pb2.DescribeRequest(), timeout=timeout_s)
@@ -101,7 +103,9 @@ async def discover(endpoints: Endpoints, domain: int, address: str, timeout_s: f
         raise ValueError(f"engine {address} reports {world} ranks")
     answers = await asyncio.gather(
         *(
-            endpoints.stub(rank_address(address, r)).Describe(worker_pb2.DescribeRequest(), timeout=timeout_s)
+            endpoints.stub(rank_address(address, r)).Describe(
+                worker_pb2.DescribeRequest(), timeout=timeout_s
+            )
             for r in range(1, world)
         ),
         return_exceptions=True,
@@ -117,7 +121,9 @@ async def discover(endpoints: Endpoints, domain: int, address: str, timeout_s: f
         workers.append(_worker(domain, rank_address(address, r), a))
     epochs = {first.epoch} | {w.epoch for w in answers if not isinstance(w, BaseException)}
     if len(epochs) != 1:
-        raise ValueError(f"engine {address} answered from several epochs {sorted(epochs)} (a switch is under way)")
+        raise ValueError(
+            f"engine {address} answered from several epochs {sorted(epochs)} (a switch is under way)"
+        )
     return EngineInfo(
         domain=domain,
         address=address,
@@ -140,5 +146,7 @@ def grouping_request(epoch: int, slots: Sequence[Slot]) -> worker_pb2.EpochReque
     """The engine's Epoch request for a domain's new grouping."""
     return worker_pb2.EpochRequest(
         epoch=epoch,
-        grouping=[worker_pb2.WorkerSlot(worker=s.worker, degree=s.degree, offset=s.offset) for s in slots],
+        grouping=[
+            worker_pb2.WorkerSlot(worker=s.worker, degree=s.degree, offset=s.offset) for s in slots
+        ],
     )

@@ -44,8 +44,24 @@ SHARED = ("vertumnus.core", "vertumnus.profiles", "vertumnus._proto", "vertumnus
 
 SHELL_PACKAGES = {"grpc", "redis", "kopf", "kubernetes", "torch", "zmq", "safetensors"}
 IMPURE_STDLIB = {
-    "os", "io", "sys", "socket", "time", "datetime", "pathlib", "subprocess", "threading",
-    "asyncio", "multiprocessing", "logging", "shutil", "tempfile", "urllib", "http", "json", "csv",
+    "os",
+    "io",
+    "sys",
+    "socket",
+    "time",
+    "datetime",
+    "pathlib",
+    "subprocess",
+    "threading",
+    "asyncio",
+    "multiprocessing",
+    "logging",
+    "shutil",
+    "tempfile",
+    "urllib",
+    "http",
+    "json",
+    "csv",
 }
 
 
@@ -63,7 +79,9 @@ def _imports(path: Path) -> set[str]:
 @pytest.mark.parametrize("path", sorted(CORE.rglob("*.py")), ids=lambda p: str(p.relative_to(CORE)))
 def test_core_module_imports_no_io(path):
     bad = _imports(path) & (SHELL_PACKAGES | IMPURE_STDLIB)
-    assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}: the policy core must stay pure"
+    assert not bad, (
+        f"{path.relative_to(ROOT)} imports {sorted(bad)}: the policy core must stay pure"
+    )
 
 
 def test_importing_the_core_pulls_in_no_shell_package():
@@ -72,11 +90,17 @@ def test_importing_the_core_pulls_in_no_shell_package():
         for p in CORE.rglob("*.py")
         if p.name != "__init__.py"
     ]
-    code = "import sys\n" + "".join(f"import {m}\n" for m in mods) + (
-        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {sorted(SHELL_PACKAGES)!r})\n"
-        "print(','.join(bad))\n"
+    code = (
+        "import sys\n"
+        + "".join(f"import {m}\n" for m in mods)
+        + (
+            f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {sorted(SHELL_PACKAGES)!r})\n"
+            "print(','.join(bad))\n"
+        )
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == "", f"importing the core loaded {out}"
 
 
@@ -113,7 +137,9 @@ def _import_graph() -> dict[str, set[str]]:
                 found.update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom):
                 if node.level:
-                    parts = name.split(".")[: len(name.split(".")) - node.level + (1 if is_pkg else 0)]
+                    parts = name.split(".")[
+                        : len(name.split(".")) - node.level + (1 if is_pkg else 0)
+                    ]
                     base = ".".join(parts)
                     mod = f"{base}.{node.module}" if node.module else base
                 else:
@@ -130,7 +156,12 @@ def _in(module: str, packages: tuple[str, ...]) -> str | None:
 
 def test_the_import_graph_covers_every_mapped_package():
     graph = _import_graph()
-    for package in ("vertumnus.core.routing", "vertumnus.sim.engine", "vertumnus.worker.engine", "vertumnus.router"):
+    for package in (
+        "vertumnus.core.routing",
+        "vertumnus.sim.engine",
+        "vertumnus.worker.engine",
+        "vertumnus.router",
+    ):
         assert package in graph, f"{package} missing from the import graph: the mapping is wrong"
 
 
@@ -173,14 +204,37 @@ def test_no_top_level_operator_package():
 @pytest.mark.slow
 def test_wheel_builds_and_imports_alone(tmp_path):
     subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path / "dist"), str(ROOT)],
-        check=True, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--outdir",
+            str(tmp_path / "dist"),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     (wheel,) = (tmp_path / "dist").glob("vertumnus-*.whl")
     target = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
-        check=True, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     # -I -S: no site processing, so the editable install of the checkout is invisible;
     # numpy/scipy come from site-packages added by hand (no .pth files run).
@@ -192,6 +246,8 @@ def test_wheel_builds_and_imports_alone(tmp_path):
         "from vertumnus.profiles import load_model; print(load_model().name)\n"
         "from vertumnus.cli import main; raise SystemExit(main(['profiles']))\n"
     )
-    p = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    p = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path
+    )
     assert p.returncode == 0, p.stderr
     assert "qwen3-30b-a3b/h200" in p.stdout

@@ -20,14 +20,24 @@ import torch
 
 
 def run_bench(
-    *, rounds: int = 5, copy_tokens: int = 8192, block_size: int = 16, dtype: str = "float32", seed: int = 0
+    *,
+    rounds: int = 5,
+    copy_tokens: int = 8192,
+    block_size: int = 16,
+    dtype: str = "float32",
+    seed: int = 0,
 ) -> dict:
     from .blocks import block_keys
     from .engine import Engine
     from .rank import RankSpec
 
     gen = torch.Generator().manual_seed(seed)
-    spec = RankSpec(seed=seed, dtype=dtype, block_size=block_size, num_blocks=4 * (max(copy_tokens, 512) // block_size) + 64)
+    spec = RankSpec(
+        seed=seed,
+        dtype=dtype,
+        block_size=block_size,
+        num_blocks=4 * (max(copy_tokens, 512) // block_size) + 64,
+    )
     report: dict = {"dtype": dtype, "block_size": block_size, "ranks": 4}
     with Engine(4, [4], spec, max_tokens=max(copy_tokens, 512) + 1) as engine:
         vocab = engine.vocab_size

@@ -25,7 +25,9 @@ def _int_list(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
     if not values or any(v < 0 for v in values):
         raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
     return values
@@ -46,20 +48,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run the same batch (odd lengths, with and without a cached prefix) at each "
         "degree on a pool of gloo ranks and report the largest difference from degree 1.",
     )
-    v.add_argument("--degrees", type=_int_list, default=[1, 2, 4], help="comma-separated CP degrees (powers of two)")
-    v.add_argument("--prefix", type=int, default=48, help="shared cached prefix length in tokens (default 48)")
-    v.add_argument("--tokens", type=int, default=67, help="uncached tokens of the longest request (default 67)")
+    v.add_argument(
+        "--degrees",
+        type=_int_list,
+        default=[1, 2, 4],
+        help="comma-separated CP degrees (powers of two)",
+    )
+    v.add_argument(
+        "--prefix", type=int, default=48, help="shared cached prefix length in tokens (default 48)"
+    )
+    v.add_argument(
+        "--tokens", type=int, default=67, help="uncached tokens of the longest request (default 67)"
+    )
     v.add_argument("--dtype", default="float64", choices=["float64", "float32", "bfloat16"])
     v.add_argument("--block-size", type=int, default=8)
-    v.add_argument("--model", default=None, help="local HF model directory (default: the seeded tiny model)")
-    v.add_argument("--tolerance", type=float, default=None, help="max allowed difference (default by dtype; 1e-9 for float64)")
+    v.add_argument(
+        "--model", default=None, help="local HF model directory (default: the seeded tiny model)"
+    )
+    v.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        help="max allowed difference (default by dtype; 1e-9 for float64)",
+    )
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--json", required=True, help="write the report here ('-' for stdout)")
     v.set_defaults(func=cmd_verify)
 
-    b = engine_sub.add_parser("bench", help="epoch-switch time and block-copy throughput on 4 gloo ranks")
+    b = engine_sub.add_parser(
+        "bench", help="epoch-switch time and block-copy throughput on 4 gloo ranks"
+    )
     b.add_argument("--rounds", type=int, default=5, help="CP4 -> 2xCP2 -> CP4 round trips")
-    b.add_argument("--copy-tokens", type=int, default=8192, help="prompt length whose blocks are copied")
+    b.add_argument(
+        "--copy-tokens", type=int, default=8192, help="prompt length whose blocks are copied"
+    )
     b.add_argument("--block-size", type=int, default=16)
     b.add_argument("--json", required=True, help="write the report here ('-' for stdout)")
     b.set_defaults(func=cmd_bench)
@@ -70,11 +92,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--degrees", type=_int_list, default=[1, 2])
     p.add_argument("--uncached", type=_int_list, default=[256, 512, 1024, 2048], help="R values")
-    p.add_argument("--cached", type=_int_list, default=[0, 1024], help="P values (multiples of the block size)")
+    p.add_argument(
+        "--cached", type=_int_list, default=[0, 1024], help="P values (multiples of the block size)"
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dtype", default="float32", choices=["float64", "float32", "bfloat16"])
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--model", default=None, help="local HF model directory (default: the seeded tiny model)")
+    p.add_argument(
+        "--model", default=None, help="local HF model directory (default: the seeded tiny model)"
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="profile CSV to write")
@@ -89,29 +115,78 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "BASE_PORT + r, and a worker is served by the endpoint of its first rank. Epoch RPCs regroup "
         "the ranks later. Ctrl-C or SIGTERM stops the server: workers are drained first.",
     )
-    s.add_argument("--ranks", type=int, default=2,
-                   help="number of rank processes, one per GPU; a power of two (default %(default)s)")
-    s.add_argument("--degrees", type=_int_list, default=None,
-                   help="CP degrees of the first workers, left to right over the ranks, e.g. 2,1,1; each a "
-                   "power of two starting at a multiple of itself (default: one worker of all ranks)")
-    s.add_argument("--worker-ids", type=_int_list, default=None,
-                   help="pool-level ids of those workers, in the same order (default: each worker's first rank)")
-    s.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default %(default)s; 0.0.0.0 for every interface)")
-    s.add_argument("--base-port", type=int, default=50051,
-                   help="rank r listens on BASE_PORT + r; all of them must be in 1..65535 (default %(default)s)")
-    s.add_argument("--model", default=None, help="local HF model directory (default: the seeded tiny model)")
-    s.add_argument("--dtype", default="float32", choices=["float64", "float32", "bfloat16"],
-                   help="weights and KV cache dtype (default %(default)s)")
-    s.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block (default %(default)s)")
-    s.add_argument("--num-blocks", type=int, default=1024, help="KV cache blocks per rank (default %(default)s)")
-    s.add_argument("--max-tokens", type=int, default=8192, help="longest request admitted (default %(default)s)")
-    s.add_argument("--event-buffer", type=int, default=4096,
-                   help="cache events kept per worker for subscribers that reconnect (default %(default)s)")
-    s.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                   help="cpu: gloo; cuda: rank r on cuda:r, NCCL (default %(default)s)")
-    s.add_argument("--seed", type=int, default=0,
-                   help="seed of the tiny model's random weights (default %(default)s; unused with --model)")
+    s.add_argument(
+        "--ranks",
+        type=int,
+        default=2,
+        help="number of rank processes, one per GPU; a power of two (default %(default)s)",
+    )
+    s.add_argument(
+        "--degrees",
+        type=_int_list,
+        default=None,
+        help="CP degrees of the first workers, left to right over the ranks, e.g. 2,1,1; each a "
+        "power of two starting at a multiple of itself (default: one worker of all ranks)",
+    )
+    s.add_argument(
+        "--worker-ids",
+        type=_int_list,
+        default=None,
+        help="pool-level ids of those workers, in the same order (default: each worker's first rank)",
+    )
+    s.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default %(default)s; 0.0.0.0 for every interface)",
+    )
+    s.add_argument(
+        "--base-port",
+        type=int,
+        default=50051,
+        help="rank r listens on BASE_PORT + r; all of them must be in 1..65535 (default %(default)s)",
+    )
+    s.add_argument(
+        "--model", default=None, help="local HF model directory (default: the seeded tiny model)"
+    )
+    s.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float64", "float32", "bfloat16"],
+        help="weights and KV cache dtype (default %(default)s)",
+    )
+    s.add_argument(
+        "--block-size", type=int, default=16, help="tokens per KV cache block (default %(default)s)"
+    )
+    s.add_argument(
+        "--num-blocks",
+        type=int,
+        default=1024,
+        help="KV cache blocks per rank (default %(default)s)",
+    )
+    s.add_argument(
+        "--max-tokens",
+        type=int,
+        default=8192,
+        help="longest request admitted (default %(default)s)",
+    )
+    s.add_argument(
+        "--event-buffer",
+        type=int,
+        default=4096,
+        help="cache events kept per worker for subscribers that reconnect (default %(default)s)",
+    )
+    s.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="cpu: gloo; cuda: rank r on cuda:r, NCCL (default %(default)s)",
+    )
+    s.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the tiny model's random weights (default %(default)s; unused with --model)",
+    )
     s.set_defaults(func=cmd_serve)
 
 
@@ -136,8 +211,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     try:
         report = run_verify(
-            args.degrees, tokens=args.tokens, prefix=args.prefix, dtype=args.dtype,
-            block_size=args.block_size, seed=args.seed, model_path=args.model, tolerance=args.tolerance,
+            args.degrees,
+            tokens=args.tokens,
+            prefix=args.prefix,
+            dtype=args.dtype,
+            block_size=args.block_size,
+            seed=args.seed,
+            model_path=args.model,
+            tolerance=args.tolerance,
         )
     except ValueError as exc:
         return _fail(str(exc))
@@ -181,8 +262,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     try:
         rows = run_profile(
-            args.degrees, args.uncached, args.cached, repeats=args.repeats, dtype=args.dtype,
-            block_size=args.block_size, seed=args.seed, model_path=args.model, device=args.device,
+            args.degrees,
+            args.uncached,
+            args.cached,
+            repeats=args.repeats,
+            dtype=args.dtype,
+            block_size=args.block_size,
+            seed=args.seed,
+            model_path=args.model,
+            device=args.device,
         )
     except ValueError as exc:
         return _fail(str(exc))
@@ -211,10 +299,14 @@ def _serve_problem(args: argparse.Namespace) -> str | None:
     if sum(degrees) != n:
         return f"--degrees {degrees} cover {sum(degrees)} ranks, --ranks is {n}"
     if args.worker_ids is not None and len(args.worker_ids) != len(degrees):
-        return f"--worker-ids {args.worker_ids}: {len(args.worker_ids)} ids for {len(degrees)} workers"
+        return (
+            f"--worker-ids {args.worker_ids}: {len(args.worker_ids)} ids for {len(degrees)} workers"
+        )
     if not 1 <= args.base_port <= MAX_PORT - n + 1:
-        return (f"--base-port {args.base_port}: ranks 0..{n - 1} listen on ports {args.base_port}.."
-                f"{args.base_port + n - 1}, and a port is 1..{MAX_PORT}")
+        return (
+            f"--base-port {args.base_port}: ranks 0..{n - 1} listen on ports {args.base_port}.."
+            f"{args.base_port + n - 1}, and a port is 1..{MAX_PORT}"
+        )
     if args.block_size < 1 or args.num_blocks < 1 or args.max_tokens < 1 or args.event_buffer < 1:
         return "--block-size, --num-blocks, --max-tokens and --event-buffer must be >= 1"
     return None
@@ -229,7 +321,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         slots = default_grouping(args.degrees or [args.ranks], args.ranks)
         if args.worker_ids is not None:
-            slots = [Slot(i, s.degree, s.domain, s.offset) for i, s in zip(args.worker_ids, slots, strict=True)]
+            slots = [
+                Slot(i, s.degree, s.domain, s.offset)
+                for i, s in zip(args.worker_ids, slots, strict=True)
+            ]
             engine_grouping(slots, args.ranks)
     except ValueError as exc:
         return _fail(str(exc))
@@ -268,25 +363,39 @@ def _serve(args: argparse.Namespace, slots: list[Slot], stop: threading.Event) -
     start_forkserver()  # the ranks' torch import overlaps ours
     from .engine import Engine
 
-    spec = RankSpec(model_path=args.model, seed=args.seed, dtype=args.dtype,
-                    block_size=args.block_size, num_blocks=args.num_blocks, device=args.device,
-                    backend="nccl" if args.device == "cuda" else "gloo")
+    spec = RankSpec(
+        model_path=args.model,
+        seed=args.seed,
+        dtype=args.dtype,
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
+        device=args.device,
+        backend="nccl" if args.device == "cuda" else "gloo",
+    )
     try:
-        engine = Engine(args.ranks, slots, spec, max_tokens=args.max_tokens, event_buffer=args.event_buffer)
+        engine = Engine(
+            args.ranks, slots, spec, max_tokens=args.max_tokens, event_buffer=args.event_buffer
+        )
     except ValueError as exc:
         server.stop(0)
         return _fail(str(exc))
     except Exception as exc:  # a rank failed to start (model, memory, devices)
         server.stop(0)
-        print(f"vertumnus: error: the engine did not start: {str(exc).splitlines()[0]}", file=sys.stderr)
+        print(
+            f"vertumnus: error: the engine did not start: {str(exc).splitlines()[0]}",
+            file=sys.stderr,
+        )
         return 1
     with engine:
         if not stop.is_set():
             server.start(engine)
             for w in (engine.worker(s.worker) for s in engine.grouping()):
                 print(f"{w.describe()} at {server.endpoint(w.slot.offset)}", file=sys.stderr)
-            print(f"serving {args.ranks} ranks, epoch {engine.epoch}; Ctrl-C or SIGTERM stops "
-                  "(workers are drained first)", file=sys.stderr)
+            print(
+                f"serving {args.ranks} ranks, epoch {engine.epoch}; Ctrl-C or SIGTERM stops "
+                "(workers are drained first)",
+                file=sys.stderr,
+            )
             while not stop.wait(1.0):
                 pass
         print("vertumnus: stopping: draining workers", file=sys.stderr)

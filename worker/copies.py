@@ -44,7 +44,11 @@ def plan_copy(
             plan.skipped += 1
             continue
         preferred = source.offset + block_owner(j, source.degree)
-        sender = preferred if holders[preferred][j] else next((r for r in source.ranks if holders[r][j]), None)
+        sender = (
+            preferred
+            if holders[preferred][j]
+            else next((r for r in source.ranks if holders[r][j]), None)
+        )
         if sender is None:
             plan.missing.append((j, key))
             continue

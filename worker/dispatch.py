@@ -65,13 +65,17 @@ class WorkerRunner:
         self._busy = False
         self._stopped = False
         self.draining = False
-        self._thread = threading.Thread(target=self._loop, name=f"worker-{slot.worker}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, name=f"worker-{slot.worker}", daemon=True
+        )
         self._thread.start()
 
     def describe(self) -> str:
         """``worker 7 (CP2, ranks 4-5)``: how messages name this worker."""
         s = self.slot
-        ranks = f"rank {s.offset}" if s.degree == 1 else f"ranks {s.offset}-{s.offset + s.degree - 1}"
+        ranks = (
+            f"rank {s.offset}" if s.degree == 1 else f"ranks {s.offset}-{s.offset + s.degree - 1}"
+        )
         return f"worker {s.worker} (CP{s.degree}, {ranks})"
 
     def submit(self, request: StepRequest, options: dict[str, bool]) -> Future[PrefillOutcome]:
@@ -105,7 +109,9 @@ class WorkerRunner:
         tokens = 0
         while self._queue:
             head = self._queue[0]
-            if batch and (tokens + len(head.request.tokens) > limit or head.options != batch[0].options):
+            if batch and (
+                tokens + len(head.request.tokens) > limit or head.options != batch[0].options
+            ):
                 break
             batch.append(self._queue.pop(0))
             tokens += len(head.request.tokens)

@@ -68,7 +68,13 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
-    "BlockListing", "CopyReport", "Engine", "InvalidRequest", "NotReady", "SwitchReport", "format_grouping",
+    "BlockListing",
+    "CopyReport",
+    "Engine",
+    "InvalidRequest",
+    "NotReady",
+    "SwitchReport",
+    "format_grouping",
 ]
 
 
@@ -167,7 +173,9 @@ class Engine:
     def worker(self, worker: int) -> WorkerRunner:
         w = self.workers.get(worker)
         if w is None:
-            raise NotReady(f"no worker {worker} in epoch {self.epoch}; workers: {format_grouping(self.grouping())}")
+            raise NotReady(
+                f"no worker {worker} in epoch {self.epoch}; workers: {format_grouping(self.grouping())}"
+            )
         return w
 
     def worker_at(self, rank: int) -> WorkerRunner | None:
@@ -198,8 +206,13 @@ class Engine:
     # -- requests --------------------------------------------------------------
 
     def submit(
-        self, worker: int, request_id: str, tokens: Sequence[int], *,
-        use_cache: bool = True, return_hidden: bool = False,
+        self,
+        worker: int,
+        request_id: str,
+        tokens: Sequence[int],
+        *,
+        use_cache: bool = True,
+        return_hidden: bool = False,
     ) -> Future[PrefillOutcome]:
         tokens = tuple(int(t) for t in tokens)
         if not tokens:
@@ -210,15 +223,24 @@ class Engine:
             )
         bad = next((t for t in tokens if not 0 <= t < self.vocab_size), None)
         if bad is not None:
-            raise InvalidRequest(f"request {request_id!r}: token id {bad} outside the vocabulary [0, {self.vocab_size})")
+            raise InvalidRequest(
+                f"request {request_id!r}: token id {bad} outside the vocabulary [0, {self.vocab_size})"
+            )
         opts = {"use_cache": use_cache, "return_hidden": return_hidden}
         return self.worker(worker).submit(StepRequest(request_id, tokens), opts)
 
     def prefill(
-        self, worker: int, request_id: str, tokens: Sequence[int], *,
-        use_cache: bool = True, return_hidden: bool = False,
+        self,
+        worker: int,
+        request_id: str,
+        tokens: Sequence[int],
+        *,
+        use_cache: bool = True,
+        return_hidden: bool = False,
     ) -> PrefillOutcome:
-        return self.submit(worker, request_id, tokens, use_cache=use_cache, return_hidden=return_hidden).result()
+        return self.submit(
+            worker, request_id, tokens, use_cache=use_cache, return_hidden=return_hidden
+        ).result()
 
     def drain(self, worker: int) -> None:
         self.worker(worker).drain()
@@ -252,14 +274,18 @@ class Engine:
             changing = [w for w in self.workers.values() if w.slot not in slots]
             undrained = [w.describe() for w in changing if not w.draining]
             if undrained:
-                raise NotReady(f"{', '.join(undrained)} must be drained before epoch {epoch} regroups them")
+                raise NotReady(
+                    f"{', '.join(undrained)} must be drained before epoch {epoch} regroups them"
+                )
             for w in changing:
                 w.drain()
             return SwitchReport(epoch, self._activate(epoch, slots), unchanged=False)
 
     def _activate(self, epoch: int, slots: list[Slot]) -> float:
         keep = {s for s in slots if s.worker in self.workers and self.workers[s.worker].slot == s}
-        leaving = sorted((w for w in self.workers.values() if w.slot not in keep), key=lambda w: w.slot.offset)
+        leaving = sorted(
+            (w for w in self.workers.values() if w.slot not in keep), key=lambda w: w.slot.offset
+        )
         new = [s for s in slots if s not in keep]
         held: dict[int, list[Block]] = {}
         for w in leaving:
@@ -320,7 +346,12 @@ class Engine:
             cmds: dict[int, Command] = {
                 r: SendBlocks({d: tuple(ks) for d, ks in m.items()}) for r, m in plan.sends.items()
             }
-            cmds.update({r: RecvBlocks({s: tuple(bs) for s, bs in m.items()}) for r, m in plan.receives.items()})
+            cmds.update(
+                {
+                    r: RecvBlocks({s: tuple(bs) for s, bs in m.items()})
+                    for r, m in plan.receives.items()
+                }
+            )
             answers = self.pool.call(cmds) if cmds else {}
             seconds = time.perf_counter() - started
         copied = sum(answers[r] for r in plan.receives)
@@ -347,7 +378,9 @@ class Engine:
             (b for r, blocks in held.items() for b in served_by(w.slot, r, blocks)),
             key=lambda b: (b.position, b.key),
         )
-        return BlockListing(w.slot.worker, epoch, self.incarnation, sequence, dict(sorted(held.items())), served)
+        return BlockListing(
+            w.slot.worker, epoch, self.incarnation, sequence, dict(sorted(held.items())), served
+        )
 
     def evict_blocks(self, worker: int, keys: Sequence[int]) -> int:
         """Reclaim: drop ``keys`` from every rank of the worker; returns blocks removed."""

@@ -121,7 +121,9 @@ class EventLog:
     engine's first grouping). Thread-safe.
     """
 
-    def __init__(self, slot: Slot, incarnation: int, created_epoch: int, capacity: int = 4096) -> None:
+    def __init__(
+        self, slot: Slot, incarnation: int, created_epoch: int, capacity: int = 4096
+    ) -> None:
         if capacity < 1:
             raise ValueError(f"the replay buffer needs room for at least one event, got {capacity}")
         self.slot, self.incarnation, self.created_epoch = slot, incarnation, created_epoch
@@ -140,7 +142,9 @@ class EventLog:
     def closed(self) -> bool:
         return self._end is not None
 
-    def publish(self, kind: str, blocks: Iterable[Block], rank: int, epoch: int) -> WorkerEvent | None:
+    def publish(
+        self, kind: str, blocks: Iterable[Block], rank: int, epoch: int
+    ) -> WorkerEvent | None:
         """Append one event and hand it to every subscriber; None once the log is closed."""
         if kind not in KINDS[:3]:
             raise ValueError(f"cannot publish a {kind!r} event")
@@ -166,7 +170,12 @@ class EventLog:
         return event
 
     def subscribe(
-        self, from_sequence: int = 0, *, incarnation: int = 0, epoch: int = 0, current_epoch: int = 0
+        self,
+        from_sequence: int = 0,
+        *,
+        incarnation: int = 0,
+        epoch: int = 0,
+        current_epoch: int = 0,
     ) -> EventStream:
         """Events after ``from_sequence``: replayed from the buffer, then live.
 
@@ -208,7 +217,15 @@ class EventLog:
 
     def _resync(self, epoch: int) -> WorkerEvent:
         return WorkerEvent(
-            "resync", (), (), (), self.slot.offset, self.slot.worker, epoch, self._last, self.incarnation
+            "resync",
+            (),
+            (),
+            (),
+            self.slot.offset,
+            self.slot.worker,
+            epoch,
+            self._last,
+            self.incarnation,
         )
 
     def _unsubscribe(self, pending: queue.Queue[WorkerEvent | _End]) -> None:

@@ -63,7 +63,9 @@ class PagedKVCache:
         rank: int = 0,
     ) -> None:
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+            raise ValueError(
+                f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
+            )
         self.block_size = block_size
         self.rank = rank
         self.pool = torch.zeros(

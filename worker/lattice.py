@@ -34,7 +34,9 @@ def _is_power_of_two(n: int) -> bool:
 def check_world(world: int) -> None:
     """Raise ValueError unless ``world`` ranks can form a lattice (a power of two)."""
     if not _is_power_of_two(world):
-        raise ValueError(f"the pool size (rank count) must be a power of two (1, 2, 4, 8, ...), got {world}")
+        raise ValueError(
+            f"the pool size (rank count) must be a power of two (1, 2, 4, 8, ...), got {world}"
+        )
 
 
 def lattice_groups(world: int) -> list[range]:
@@ -99,5 +101,7 @@ def engine_grouping(grouping: Sequence[Slot] | Sequence[int], world: int) -> lis
     used = {r for s in slots for r in s.ranks}
     idle = [r for r in range(world) if r not in used]
     if idle:
-        raise ValueError(f"ranks {idle} are in no worker: a grouping uses every rank of the {world}-rank pool")
+        raise ValueError(
+            f"ranks {idle} are in no worker: a grouping uses every rank of the {world}-rank pool"
+        )
     return sorted(slots, key=lambda s: s.offset)

@@ -77,7 +77,11 @@ class Model:
 
     @classmethod
     def random(
-        cls, cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32, device: str = "cpu"
+        cls,
+        cfg: ModelConfig,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
     ) -> Model:
         """Seeded random weights: the same seed gives the same model on every rank."""
         gen = torch.Generator().manual_seed(seed)
@@ -92,13 +96,17 @@ class Model:
         return cls(cfg, weights)
 
     @classmethod
-    def load(cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Model:
+    def load(
+        cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    ) -> Model:
         """Load ``config.json`` and ``*.safetensors`` from a local directory (no downloads)."""
         from safetensors.torch import load_file
 
         root = Path(path)
         if not (root / "config.json").is_file():
-            raise FileNotFoundError(f"{root}: no config.json (expected a Hugging Face model directory)")
+            raise FileNotFoundError(
+                f"{root}: no config.json (expected a Hugging Face model directory)"
+            )
         cfg = ModelConfig.from_json(root / "config.json")
         files = sorted(root.glob("*.safetensors"))
         if not files:
@@ -116,7 +124,9 @@ class Model:
             raise ValueError(f"{root}: checkpoint lacks {len(missing)} weights, e.g. {missing[:3]}")
         for name, shape in expected.items():
             if tuple(weights[name].shape) != shape:
-                raise ValueError(f"{root}: {name} has shape {tuple(weights[name].shape)}, config implies {shape}")
+                raise ValueError(
+                    f"{root}: {name} has shape {tuple(weights[name].shape)}, config implies {shape}"
+                )
         return cls(cfg, weights)
 
     def save(self, path: str | Path) -> None:
@@ -126,7 +136,9 @@ class Model:
         root = Path(path)
         root.mkdir(parents=True, exist_ok=True)
         self.cfg.to_json(root / "config.json")
-        save_file({k: v.contiguous() for k, v in self.weights.items()}, str(root / "model.safetensors"))
+        save_file(
+            {k: v.contiguous() for k, v in self.weights.items()}, str(root / "model.safetensors")
+        )
 
     # -- token-local compute --------------------------------------------------
 
@@ -163,9 +175,15 @@ class Model:
         cfg, p = self.cfg, f"model.layers.{layer}."
         x = self._rms_norm(h, self._w(p + "input_layernorm.weight"))
         t = x.shape[0]
-        q = F.linear(x, self._w(p + "self_attn.q_proj.weight")).view(t, cfg.num_attention_heads, cfg.head_dim)
-        k = F.linear(x, self._w(p + "self_attn.k_proj.weight")).view(t, cfg.num_key_value_heads, cfg.head_dim)
-        v = F.linear(x, self._w(p + "self_attn.v_proj.weight")).view(t, cfg.num_key_value_heads, cfg.head_dim)
+        q = F.linear(x, self._w(p + "self_attn.q_proj.weight")).view(
+            t, cfg.num_attention_heads, cfg.head_dim
+        )
+        k = F.linear(x, self._w(p + "self_attn.k_proj.weight")).view(
+            t, cfg.num_key_value_heads, cfg.head_dim
+        )
+        v = F.linear(x, self._w(p + "self_attn.v_proj.weight")).view(
+            t, cfg.num_key_value_heads, cfg.head_dim
+        )
         if cfg.qk_norm:
             q = self._rms_norm(q, self._w(p + "self_attn.q_norm.weight"))
             k = self._rms_norm(k, self._w(p + "self_attn.k_norm.weight"))
@@ -189,7 +207,9 @@ class Model:
         """Qwen3-MoE routing: softmax over experts, top-k, optionally renormalized."""
         cfg, p = self.cfg, f"model.layers.{layer}.mlp."
         logits = F.linear(x, self._w(p + "gate.weight"))
-        probs = logits.softmax(dim=-1, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
+        probs = logits.softmax(
+            dim=-1, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32
+        )
         top_w, top_e = probs.topk(cfg.num_experts_per_tok, dim=-1)
         if cfg.norm_topk_prob:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)

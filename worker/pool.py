@@ -45,7 +45,9 @@ def _context() -> ForkServerContext:
     """A forkserver that has imported torch once: ranks start by forking it, which
     skips a multi-second torch import per rank, and forks no threads of ours."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "vertumnus.worker.rank", "vertumnus.worker.step"])
+    ctx.set_forkserver_preload(
+        ["torch", "torch.distributed", "vertumnus.worker.rank", "vertumnus.worker.step"]
+    )
     return ctx
 
 
@@ -121,9 +123,13 @@ class RankPool:
                 break
             except queue.Empty:
                 if not self._procs[rank].is_alive():
-                    raise RankError(f"rank {rank} exited (code {self._procs[rank].exitcode})") from None
+                    raise RankError(
+                        f"rank {rank} exited (code {self._procs[rank].exitcode})"
+                    ) from None
                 if time.monotonic() > deadline:
-                    raise RankError(f"rank {rank} did not answer within {timeout_s:.0f} s") from None
+                    raise RankError(
+                        f"rank {rank} did not answer within {timeout_s:.0f} s"
+                    ) from None
         if events:
             self.on_events(rank, events)
         if status == "error":

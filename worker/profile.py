@@ -46,8 +46,12 @@ def run_profile(
     world = max(degrees)
     longest = max(uncached) + max(cached)
     spec = RankSpec(
-        model_path=model_path, seed=seed, dtype=dtype, block_size=block_size,
-        num_blocks=2 * (longest // block_size + 2), device=device,
+        model_path=model_path,
+        seed=seed,
+        dtype=dtype,
+        block_size=block_size,
+        num_blocks=2 * (longest // block_size + 2),
+        device=device,
         backend="nccl" if device == "cuda" else "gloo",
     )
     log = log or sys.stderr
@@ -60,7 +64,9 @@ def run_profile(
                 for w in list(engine.workers):
                     engine.drain(w)
                 engine.switch_epoch(epoch, [degree] * (world // degree))
-            engine.prefill(0, "warmup", torch.randint(0, vocab, (min(uncached),), generator=gen).tolist())
+            engine.prefill(
+                0, "warmup", torch.randint(0, vocab, (min(uncached),), generator=gen).tolist()
+            )
             for p in cached:
                 for r in uncached:
                     for _ in range(repeats):
@@ -68,7 +74,14 @@ def run_profile(
                         if p:
                             engine.prefill(0, "prefix", prompt[:p])
                         out = engine.prefill(0, "measure", prompt)
-                        rows.append((degree, len(prompt) - out.cached_tokens, out.cached_tokens, out.execution_seconds))
+                        rows.append(
+                            (
+                                degree,
+                                len(prompt) - out.cached_tokens,
+                                out.cached_tokens,
+                                out.execution_seconds,
+                            )
+                        )
                     print(f"C={degree} R={r} P={p}: {rows[-1][3] * 1e3:.2f} ms", file=log)
     return rows
 
@@ -94,7 +107,9 @@ def fit_error(path: str | Path) -> dict | None:
         "mape": result.mape,
         "mape_by_degree": {str(k): v for k, v in sorted(result.mape_by_degree.items())},
         "model": {
-            "alpha": m.alpha, "c": m.c, "b": m.b,
+            "alpha": m.alpha,
+            "c": m.c,
+            "b": m.b,
             "a": {str(k): v for k, v in sorted(m.a.items())},
             "d": {str(k): v for k, v in sorted(m.d.items())},
         },

@@ -111,7 +111,14 @@ class Shutdown:
 
 
 Command = (
-    Prefill | SetEpoch | QueryBlocks | SendBlocks | RecvBlocks | ReadBlocks | ListBlocks | EvictBlocks
+    Prefill
+    | SetEpoch
+    | QueryBlocks
+    | SendBlocks
+    | RecvBlocks
+    | ReadBlocks
+    | ListBlocks
+    | EvictBlocks
     | FlushBlocks
 )
 # What a rank puts on its results queue: (status, payload, cache events, traceback).
@@ -119,8 +126,12 @@ Answer = tuple[str, Any, list[Any], str]
 
 
 def rank_main(
-    rank: int, world: int, port: int, spec: RankSpec,
-    commands: Queue[Command | Shutdown], results: Queue[Answer],
+    rank: int,
+    world: int,
+    port: int,
+    spec: RankSpec,
+    commands: Queue[Command | Shutdown],
+    results: Queue[Answer],
 ) -> None:
     """Entry point of a rank process (spawned by the pool)."""
     import torch
@@ -147,7 +158,14 @@ def rank_main(
             payload = state.handle(cmd)
             results.put(("ok", payload, state.cache.drain_events(), ""))
         except Exception as exc:
-            results.put(("error", f"{type(exc).__name__}: {exc}", state.cache.drain_events(), traceback.format_exc()))
+            results.put(
+                (
+                    "error",
+                    f"{type(exc).__name__}: {exc}",
+                    state.cache.drain_events(),
+                    traceback.format_exc(),
+                )
+            )
     state.close()
 
 
@@ -166,7 +184,10 @@ class _RankState:
         if spec.device == "cuda":
             torch.cuda.set_device(self.device)
         dist.init_process_group(
-            spec.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+            spec.backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
             timeout=timedelta(seconds=spec.collective_timeout_s),
         )
         # Every rank creates every lattice group, in the same order (a collective call),
@@ -180,7 +201,9 @@ class _RankState:
         if spec.model_path:
             self.model = Model.load(spec.model_path, dtype=dtype, device=self.device)
         else:
-            self.model = Model.random(ModelConfig.tiny(), seed=spec.seed, dtype=dtype, device=self.device)
+            self.model = Model.random(
+                ModelConfig.tiny(), seed=spec.seed, dtype=dtype, device=self.device
+            )
         cfg = self.model.cfg
         self.cache = PagedKVCache(
             num_blocks=spec.num_blocks,
@@ -213,7 +236,9 @@ class _RankState:
         if isinstance(cmd, SetEpoch):
             group = self.groups.get(cmd.worker.ranks)
             if group is None and cmd.worker.degree > 1:
-                raise RuntimeError(f"rank {self.rank} has no process group for ranks {cmd.worker.ranks}")
+                raise RuntimeError(
+                    f"rank {self.rank} has no process group for ranks {cmd.worker.ranks}"
+                )
             self.epoch, self.worker = cmd.epoch, cmd.worker
             self.comm = GroupComm(group, cmd.worker.degree, self.rank - cmd.worker.offset)
             if group is not None:
@@ -221,10 +246,16 @@ class _RankState:
             return {"epoch": self.epoch}
         if isinstance(cmd, Prefill):
             if cmd.worker != self.worker or self.comm is None:
-                raise RuntimeError(f"rank {self.rank} is in {self.worker} for epoch {self.epoch}, not {cmd.worker}")
+                raise RuntimeError(
+                    f"rank {self.rank} is in {self.worker} for epoch {self.epoch}, not {cmd.worker}"
+                )
             results, seconds = prefill_step(
-                self.model, self.cache, self.comm, cmd.requests,
-                use_cache=cmd.use_cache, return_hidden=cmd.return_hidden,
+                self.model,
+                self.cache,
+                self.comm,
+                cmd.requests,
+                use_cache=cmd.use_cache,
+                return_hidden=cmd.return_hidden,
             )
             lead = self.rank == cmd.worker.offset  # one copy of the answer is enough
             return {"results": results if lead else None, "seconds": seconds}
@@ -242,7 +273,11 @@ class _RankState:
             shape = self.cache.pool.shape[1:]
             posted = []
             for src, blocks in sorted(cmd.recvs.items()):
-                buf = torch.empty((len(blocks), *shape), dtype=self.cache.pool.dtype, device=self.cache.pool.device)
+                buf = torch.empty(
+                    (len(blocks), *shape),
+                    dtype=self.cache.pool.dtype,
+                    device=self.cache.pool.device,
+                )
                 posted.append((dist.irecv(buf, src), buf, blocks))
             installed = 0
             for recv, buf, blocks in posted:

@@ -111,9 +111,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             _abort(context, grpc.StatusCode.FAILED_PRECONDITION, self.server.redirect(self.rank))
         return w
 
-    def Prefill(self, request: worker_pb2.PrefillRequest, context: grpc.ServicerContext) -> worker_pb2.PrefillResponse:
+    def Prefill(
+        self, request: worker_pb2.PrefillRequest, context: grpc.ServicerContext
+    ) -> worker_pb2.PrefillResponse:
         w = self._lead(context)
-        out = _guard(context, lambda: self.engine.prefill(w.slot.worker, request.request_id, list(request.token_ids)))
+        out = _guard(
+            context,
+            lambda: self.engine.prefill(w.slot.worker, request.request_id, list(request.token_ids)),
+        )
         return worker_pb2.PrefillResponse(
             request_id=out.request_id,
             first_token_id=out.first_token,
@@ -129,7 +134,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> Iterator[worker_pb2.CacheEvent]:
         w = self._lead(context)
         stream = w.events.subscribe(
-            request.from_sequence, incarnation=request.incarnation, epoch=request.epoch,
+            request.from_sequence,
+            incarnation=request.incarnation,
+            epoch=request.epoch,
             current_epoch=self.engine.epoch,
         )
         with stream:
@@ -142,26 +149,42 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
                 yield event_message(e)
 
-    def CopyBlocks(self, request: worker_pb2.CopyBlocksRequest, context: grpc.ServicerContext) -> worker_pb2.CopyBlocksResponse:
+    def CopyBlocks(
+        self, request: worker_pb2.CopyBlocksRequest, context: grpc.ServicerContext
+    ) -> worker_pb2.CopyBlocksResponse:
         w = self._lead(context)
         rep = _guard(
-            context, lambda: self.engine.copy_blocks(request.source_worker, w.slot.worker, list(request.block_keys))
+            context,
+            lambda: self.engine.copy_blocks(
+                request.source_worker, w.slot.worker, list(request.block_keys)
+            ),
         )
         return worker_pb2.CopyBlocksResponse(
-            copied_blocks=rep.copied_blocks, skipped_blocks=rep.skipped_blocks, bytes=rep.bytes, seconds=rep.seconds,
+            copied_blocks=rep.copied_blocks,
+            skipped_blocks=rep.skipped_blocks,
+            bytes=rep.bytes,
+            seconds=rep.seconds,
         )
 
-    def EvictBlocks(self, request: worker_pb2.EvictBlocksRequest, context: grpc.ServicerContext) -> worker_pb2.EvictBlocksResponse:
+    def EvictBlocks(
+        self, request: worker_pb2.EvictBlocksRequest, context: grpc.ServicerContext
+    ) -> worker_pb2.EvictBlocksResponse:
         w = self._lead(context)
-        removed = _guard(context, lambda: self.engine.evict_blocks(w.slot.worker, list(request.block_keys)))
+        removed = _guard(
+            context, lambda: self.engine.evict_blocks(w.slot.worker, list(request.block_keys))
+        )
         return worker_pb2.EvictBlocksResponse(removed_blocks=removed)
 
-    def FlushCache(self, request: worker_pb2.FlushCacheRequest, context: grpc.ServicerContext) -> worker_pb2.FlushCacheResponse:
+    def FlushCache(
+        self, request: worker_pb2.FlushCacheRequest, context: grpc.ServicerContext
+    ) -> worker_pb2.FlushCacheResponse:
         w = self._lead(context)
         removed = _guard(context, lambda: self.engine.flush_cache(w.slot.worker))
         return worker_pb2.FlushCacheResponse(removed_blocks=removed)
 
-    def ListBlocks(self, request: worker_pb2.ListBlocksRequest, context: grpc.ServicerContext) -> worker_pb2.ListBlocksResponse:
+    def ListBlocks(
+        self, request: worker_pb2.ListBlocksRequest, context: grpc.ServicerContext
+    ) -> worker_pb2.ListBlocksResponse:
         w = self._lead(context)
         listing = _guard(context, lambda: self.engine.list_blocks(w.slot.worker))
         return worker_pb2.ListBlocksResponse(
@@ -175,13 +198,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 )
                 for r, blocks in listing.held.items()
             ],
-            served=[worker_pb2.ServedBlock(key=b.key, position=b.position, parent=b.parent or 0) for b in listing.served],
+            served=[
+                worker_pb2.ServedBlock(key=b.key, position=b.position, parent=b.parent or 0)
+                for b in listing.served
+            ],
             sequence=listing.sequence,
             incarnation=listing.incarnation,
             worker=listing.worker,
         )
 
-    def Drain(self, request: worker_pb2.DrainRequest, context: grpc.ServicerContext) -> worker_pb2.DrainResponse:
+    def Drain(
+        self, request: worker_pb2.DrainRequest, context: grpc.ServicerContext
+    ) -> worker_pb2.DrainResponse:
         w = self._lead(context)
         if request.resume:
             _guard(context, lambda: self.engine.resume(w.slot.worker))
@@ -190,10 +218,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.server.refresh_health()
         return worker_pb2.DrainResponse()
 
-    def Epoch(self, request: worker_pb2.EpochRequest, context: grpc.ServicerContext) -> worker_pb2.EpochResponse:
+    def Epoch(
+        self, request: worker_pb2.EpochRequest, context: grpc.ServicerContext
+    ) -> worker_pb2.EpochResponse:
         slots = [Slot(s.worker, s.degree, ENGINE_DOMAIN, s.offset) for s in request.grouping]
         if not slots:
-            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "grouping: empty; list every worker of the engine")
+            _abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "grouping: empty; list every worker of the engine",
+            )
         try:
             report = self.engine.switch_epoch(request.epoch, slots)
         except NotReady as exc:
@@ -203,25 +237,40 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except RankError as exc:
             _abort(context, grpc.StatusCode.INTERNAL, str(exc).splitlines()[0])
         self.server.refresh_health()
-        return worker_pb2.EpochResponse(epoch=report.epoch, switch_seconds=report.seconds, unchanged=report.unchanged)
+        return worker_pb2.EpochResponse(
+            epoch=report.epoch, switch_seconds=report.seconds, unchanged=report.unchanged
+        )
 
-    def Describe(self, request: worker_pb2.DescribeRequest, context: grpc.ServicerContext) -> worker_pb2.DescribeResponse:
+    def Describe(
+        self, request: worker_pb2.DescribeRequest, context: grpc.ServicerContext
+    ) -> worker_pb2.DescribeResponse:
         w = self._lead(context)
         engine = self.engine
         return worker_pb2.DescribeResponse(
-            worker=w.slot.worker, degree=w.slot.degree, offset=w.slot.offset, epoch=engine.epoch,
-            incarnation=engine.incarnation, draining=w.draining, block_size=engine.block_size,
-            max_tokens=engine.max_tokens, vocab_size=engine.vocab_size, world=engine.world,
+            worker=w.slot.worker,
+            degree=w.slot.degree,
+            offset=w.slot.offset,
+            epoch=engine.epoch,
+            incarnation=engine.incarnation,
+            draining=w.draining,
+            block_size=engine.block_size,
+            max_tokens=engine.max_tokens,
+            vocab_size=engine.vocab_size,
+            world=engine.world,
             cache_blocks=engine.cache_blocks_per_rank * w.slot.degree,
         )
 
 
 def _check_free(host: str, port: int) -> None:
     """Raise OSError (with the system's reason) if ``host:port`` cannot be listened on."""
-    infos = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    infos = socket.getaddrinfo(
+        host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
     family, kind, proto, _, address = infos[0]
     with socket.socket(family, kind, proto) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: TIME_WAIT is no conflict
+        s.setsockopt(
+            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+        )  # as gRPC does: TIME_WAIT is no conflict
         s.bind(address)
 
 
@@ -233,7 +282,9 @@ class PoolServer:
     ports outside 1..65535) and serves nothing until :meth:`start`.
     """
 
-    def __init__(self, world: int, *, host: str = "127.0.0.1", base_port: int = 0, threads: int = 16) -> None:
+    def __init__(
+        self, world: int, *, host: str = "127.0.0.1", base_port: int = 0, threads: int = 16
+    ) -> None:
         if base_port and not (base_port >= 1 and base_port + world - 1 <= MAX_PORT):
             raise ValueError(
                 f"ports {base_port}..{base_port + world - 1} for {world} ranks: a port is 1..{MAX_PORT}"
@@ -256,7 +307,9 @@ class PoolServer:
             try:
                 _check_free(self.host, port)
             except OSError as exc:
-                raise OSError(f"cannot listen on {where} for rank {rank}: {exc.strerror or exc}") from None
+                raise OSError(
+                    f"cannot listen on {where} for rank {rank}: {exc.strerror or exc}"
+                ) from None
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"rank{rank}-rpc"),
             options=[("grpc.so_reuseport", 0)],
@@ -270,7 +323,9 @@ class PoolServer:
             bound = 0
         if not bound:
             server.stop(0)
-            raise OSError(f"cannot listen on {where} for rank {rank} (in use, or not an address of this host)")
+            raise OSError(
+                f"cannot listen on {where} for rank {rank} (in use, or not an address of this host)"
+            )
         for name in (SERVICE_NAME, ""):
             health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.ports.append(bound)
@@ -280,7 +335,9 @@ class PoolServer:
     def start(self, engine: Engine) -> PoolServer:
         """Serve ``engine`` (its world must match) on the bound ports."""
         if engine.world != len(self._servers):
-            raise ValueError(f"an engine of {engine.world} ranks on servers for {len(self._servers)}")
+            raise ValueError(
+                f"an engine of {engine.world} ranks on servers for {len(self._servers)}"
+            )
         self.engine = engine
         self.refresh_health()
         for server in self._servers:
@@ -294,7 +351,11 @@ class PoolServer:
         for rank, hs in enumerate(self._health):
             w = self.engine.worker_at(rank)
             ok = w is not None and not w.draining
-            status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+            status = (
+                health_pb2.HealthCheckResponse.SERVING
+                if ok
+                else health_pb2.HealthCheckResponse.NOT_SERVING
+            )
             hs.set(SERVICE_NAME, status)
             hs.set("", status)
 

@@ -106,7 +106,9 @@ def prefill_step(
     no_prefix: list[torch.Tensor | None] = [None] * len(requests)
 
     # 3. layers over this rank's zigzag rows.
-    layout = ZigzagLayout(tuple(len(r.tokens) - p for r, p in zip(requests, prefix, strict=True)), C, k)
+    layout = ZigzagLayout(
+        tuple(len(r.tokens) - p for r, p in zip(requests, prefix, strict=True)), C, k
+    )
     tok_rows, pos_rows = [], []
     for (_, idx), r, p in zip(layout.local_positions(), requests, prefix, strict=True):
         seq = torch.tensor(r.tokens[p:], dtype=torch.long)
@@ -143,19 +145,32 @@ def prefill_step(
         rows = normed[offsets[i] : offsets[i] + len(r.tokens) - prefix[i]]
         first = int(model.logits(rows[-1]).argmax())
         results.append(
-            StepResult(r.request_id, first, prefix[i], rows.shape[0], rows.cpu().clone() if return_hidden else None)
+            StepResult(
+                r.request_id,
+                first,
+                prefix[i],
+                rows.shape[0],
+                rows.cpu().clone() if return_hidden else None,
+            )
         )
 
     # 5. publish the new blocks only now that all layers are written.
-    cache.commit([
-        (Block(key, j, keys[i][j - 1] if j else None), slot)
-        for (i, j, key), slot in zip(new_blocks, slots, strict=True)
-    ])
+    cache.commit(
+        [
+            (Block(key, j, keys[i][j - 1] if j else None), slot)
+            for (i, j, key), slot in zip(new_blocks, slots, strict=True)
+        ]
+    )
     return results, time.perf_counter() - start
 
 
 def _plan_new_blocks(
-    cache: PagedKVCache, keys: list[tuple[int, ...]], matched: list[int], prefix: list[int], C: int, k: int
+    cache: PagedKVCache,
+    keys: list[tuple[int, ...]],
+    matched: list[int],
+    prefix: list[int],
+    C: int,
+    k: int,
 ) -> list[tuple[int, int, int]]:
     """(request, position, key) of full blocks this rank owns and should store, each key once."""
     seen: set[int] = set()

@@ -30,7 +30,9 @@ if TYPE_CHECKING:
 DEFAULT_TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
 
 
-def verify_requests(tokens: int, prefix: int, vocab: int, seed: int) -> tuple[list[int], list[list[int]]]:
+def verify_requests(
+    tokens: int, prefix: int, vocab: int, seed: int
+) -> tuple[list[int], list[list[int]]]:
     """The shared prefix and the per-request suffixes: odd lengths, a batch, a 1-token request."""
     gen = torch.Generator().manual_seed(seed)
     lengths = [tokens, max(1, tokens // 3) | 1, 3, 1]
@@ -60,9 +62,15 @@ def run_verify(
     world = max(degrees)
     tol = DEFAULT_TOLERANCE.get(dtype, 1e-3) if tolerance is None else tolerance
     total = prefix + tokens + 8
-    spec = RankSpec(model_path=model_path, seed=seed, dtype=dtype, block_size=block_size,
-                    num_blocks=max(64, 4 * (total // block_size + 2) * 4),
-                    device=device, backend="nccl" if device == "cuda" else "gloo")
+    spec = RankSpec(
+        model_path=model_path,
+        seed=seed,
+        dtype=dtype,
+        block_size=block_size,
+        num_blocks=max(64, 4 * (total // block_size + 2) * 4),
+        device=device,
+        backend="nccl" if device == "cuda" else "gloo",
+    )
     if model_path:
         model = Model.load(model_path, dtype=getattr(torch, dtype))
     else:
@@ -73,8 +81,16 @@ def run_verify(
     plain = list(suffixes)
     with_prefix = [shared + s for s in suffixes]
 
-    report: dict = {"device": device, "dtype": dtype, "tokens": tokens, "prefix": prefix, "block_size": block_size,
-                    "batch_lengths": [len(s) for s in plain], "tolerance": tol, "degrees": {}}
+    report: dict = {
+        "device": device,
+        "dtype": dtype,
+        "tokens": tokens,
+        "prefix": prefix,
+        "block_size": block_size,
+        "batch_lengths": [len(s) for s in plain],
+        "tolerance": tol,
+        "degrees": {},
+    }
     # degree 1 runs first (degrees are sorted) and is every other degree's baseline
     baseline_plain: list[torch.Tensor] = []
     baseline_prefixed: list[torch.Tensor] = []
@@ -86,20 +102,32 @@ def run_verify(
                 engine.switch_epoch(epoch, [degree] * (world // degree))
             all_keys = [k for seq in with_prefix for k in block_keys(seq, block_size)]
             engine.evict_blocks(0, all_keys)  # every degree starts from a cold cache
-            futures = [engine.submit(0, f"p{i}", s, use_cache=False, return_hidden=True) for i, s in enumerate(plain)]
+            futures = [
+                engine.submit(0, f"p{i}", s, use_cache=False, return_hidden=True)
+                for i, s in enumerate(plain)
+            ]
             hidden_plain = [_hidden(f.result()) for f in futures]
-            futures = [engine.submit(0, f"f{i}", s, use_cache=False, return_hidden=True) for i, s in enumerate(with_prefix)]
+            futures = [
+                engine.submit(0, f"f{i}", s, use_cache=False, return_hidden=True)
+                for i, s in enumerate(with_prefix)
+            ]
             hidden_full = [_hidden(f.result()) for f in futures]
             if shared:
                 engine.prefill(0, "prefix", shared)  # store the prefix, partitioned over the ranks
-            futures = [engine.submit(0, f"c{i}", s, return_hidden=True) for i, s in enumerate(with_prefix)]
+            futures = [
+                engine.submit(0, f"c{i}", s, return_hidden=True) for i, s in enumerate(with_prefix)
+            ]
             cached = [f.result() for f in futures]
             if degree == 1:
                 baseline_plain, baseline_prefixed = hidden_plain, hidden_full
             ref = max(
-                (h - reference_hidden(model, s)).abs().max().item() for h, s in zip(hidden_plain, plain, strict=True)
+                (h - reference_hidden(model, s)).abs().max().item()
+                for h, s in zip(hidden_plain, plain, strict=True)
             )
-            plain_diff = max((a - b).abs().max().item() for a, b in zip(hidden_plain, baseline_plain, strict=True))
+            plain_diff = max(
+                (a - b).abs().max().item()
+                for a, b in zip(hidden_plain, baseline_plain, strict=True)
+            )
             prefix_diff = max(
                 (_hidden(o) - b[o.cached_tokens :]).abs().max().item()
                 for o, b in zip(cached, baseline_prefixed, strict=True)

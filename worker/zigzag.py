@@ -58,7 +58,12 @@ class ZigzagLayout:
         out, offset = [], 0
         for s in self.chunk_sizes:
             first, second = self.chunks_of(self.rank)
-            idx = torch.cat([torch.arange(first * s, (first + 1) * s), torch.arange(second * s, (second + 1) * s)])
+            idx = torch.cat(
+                [
+                    torch.arange(first * s, (first + 1) * s),
+                    torch.arange(second * s, (second + 1) * s),
+                ]
+            )
             out.append((offset, idx))
             offset += 2 * s
         return out

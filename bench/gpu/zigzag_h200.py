@@ -52,6 +52,7 @@ def _import_worker_from_checkout() -> None:
 
     try:
         import vertumnus.worker  # noqa: F401
+
         return
     except ImportError:
         pass
@@ -63,7 +64,9 @@ def _import_worker_from_checkout() -> None:
         (package / entry.name).symlink_to(entry)
     (package / "worker").symlink_to(root / "worker")
     sys.path.insert(0, str(farm))
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(farm), os.environ.get("PYTHONPATH")]))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(farm), os.environ.get("PYTHONPATH")])
+    )
     for name in [m for m in sys.modules if m == "vertumnus" or m.startswith("vertumnus.")]:
         del sys.modules[name]
 
@@ -81,9 +84,17 @@ LAYERS = 48
 def real_shape() -> ModelConfig:
     # vocab trimmed: embeddings are outside the timed parts and would only cost memory.
     return ModelConfig(
-        model_type="qwen3_moe", vocab_size=1024, hidden_size=2048, num_hidden_layers=1,
-        num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
-        num_experts_per_tok=8, moe_intermediate_size=768, intermediate_size=6144,
+        model_type="qwen3_moe",
+        vocab_size=1024,
+        hidden_size=2048,
+        num_hidden_layers=1,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+        intermediate_size=6144,
     )
 
 
@@ -118,7 +129,9 @@ def rank_attention(cfg: ModelConfig, length: int, degree: int, rank: int, device
     s = layout.chunk_sizes[0]
     group = cfg.num_attention_heads // cfg.num_key_value_heads
     q = torch.randn(cfg.num_attention_heads, 2 * s, cfg.head_dim, device=device, dtype=dtype)
-    k = torch.randn(cfg.num_key_value_heads, layout.padded[0], cfg.head_dim, device=device, dtype=dtype)
+    k = torch.randn(
+        cfg.num_key_value_heads, layout.padded[0], cfg.head_dim, device=device, dtype=dtype
+    )
     v = torch.randn_like(k)
     # GQA expanded once, outside the timed part, so the flash/efficient kernels apply.
     k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
@@ -128,8 +141,11 @@ def rank_attention(cfg: ModelConfig, length: int, degree: int, rank: int, device
         for j, c in enumerate(layout.chunks_of(rank)):
             end = (c + 1) * s
             F.scaled_dot_product_attention(
-                q[None, :, j * s : (j + 1) * s], k[None, :, :end], v[None, :, :end],
-                attn_mask=causal_lower_right(s, end), scale=scale,
+                q[None, :, j * s : (j + 1) * s],
+                k[None, :, :end],
+                v[None, :, :end],
+                attn_mask=causal_lower_right(s, end),
+                scale=scale,
             )
 
     return run
@@ -169,12 +185,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="results JSON")
     ap.add_argument("--cpu-tiny", action="store_true", help="tiny shapes on CPU (smoke test)")
-    ap.add_argument("--lengths", default=None, help="comma-separated L (default 8K..128K, tiny: 256..1024)")
+    ap.add_argument(
+        "--lengths", default=None, help="comma-separated L (default 8K..128K, tiny: 256..1024)"
+    )
     ap.add_argument("--degrees", default="1,2,4,8")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--nvlink-gbps", type=float, default=450.0, help="modeled all-gather bandwidth, GB/s")
-    ap.add_argument("--budget-s", type=float, default=330.0, help="stop starting new lengths after this")
-    ap.add_argument("--skip-engine-check", action="store_true", help="skip the one-rank engine run on the device")
+    ap.add_argument(
+        "--nvlink-gbps", type=float, default=450.0, help="modeled all-gather bandwidth, GB/s"
+    )
+    ap.add_argument(
+        "--budget-s", type=float, default=330.0, help="stop starting new lengths after this"
+    )
+    ap.add_argument(
+        "--skip-engine-check",
+        action="store_true",
+        help="skip the one-rank engine run on the device",
+    )
     args = ap.parse_args()
 
     started = time.perf_counter()
@@ -200,51 +226,87 @@ def main() -> None:
             break
         for degree in degrees:
             try:
-                attn = [timer(rank_attention(cfg, length, degree, r, device, dtype), args.repeats) for r in range(degree)]
+                attn = [
+                    timer(rank_attention(cfg, length, degree, r, device, dtype), args.repeats)
+                    for r in range(degree)
+                ]
                 local = timer(token_local(model, -(-length // degree), device, dtype), args.repeats)
             except torch.OutOfMemoryError as exc:  # e.g. SDPA fell back to the math kernel
-                failures.append({"length": length, "degree": degree, "error": str(exc).splitlines()[0]})
+                failures.append(
+                    {"length": length, "degree": degree, "error": str(exc).splitlines()[0]}
+                )
                 print(f"L={length} C={degree}: out of memory", flush=True)
                 torch.cuda.empty_cache()
                 continue
             comm = (degree - 1) / degree * length * kv_bytes_per_token / (args.nvlink_gbps * 1e9)
-            rows.append({
-                "length": length, "degree": degree,
-                "attention_s_per_rank": attn, "token_local_s": local, "allgather_s_modeled": comm,
-                "step_s_48_layers": LAYERS * (max(attn) + local + comm),
-            })
-            print(f"L={length} C={degree}: attn max {max(attn) * 1e3:.2f} ms, local {local * 1e3:.2f} ms, "
-                  f"comm {comm * 1e3:.3f} ms (per layer)", flush=True)
+            rows.append(
+                {
+                    "length": length,
+                    "degree": degree,
+                    "attention_s_per_rank": attn,
+                    "token_local_s": local,
+                    "allgather_s_modeled": comm,
+                    "step_s_48_layers": LAYERS * (max(attn) + local + comm),
+                }
+            )
+            print(
+                f"L={length} C={degree}: attn max {max(attn) * 1e3:.2f} ms, local {local * 1e3:.2f} ms, "
+                f"comm {comm * 1e3:.3f} ms (per layer)",
+                flush=True,
+            )
         if device == "cuda":
             torch.cuda.empty_cache()
 
     # α from attention (rank max vs W/C), c from token-local (vs L/C); both x48 layers.
     alpha = fit_through_origin(
-        [r["length"] * (r["length"] + 1) / 2 / r["degree"] for r in rows], [LAYERS * max(r["attention_s_per_rank"]) for r in rows]
+        [r["length"] * (r["length"] + 1) / 2 / r["degree"] for r in rows],
+        [LAYERS * max(r["attention_s_per_rank"]) for r in rows],
     )
-    c = fit_through_origin([r["length"] / r["degree"] for r in rows], [LAYERS * r["token_local_s"] for r in rows])
+    c = fit_through_origin(
+        [r["length"] / r["degree"] for r in rows], [LAYERS * r["token_local_s"] for r in rows]
+    )
     speedups = {}
     for length in {r["length"] for r in rows}:
-        base = next((r["step_s_48_layers"] for r in rows if r["length"] == length and r["degree"] == 1), None)
+        base = next(
+            (r["step_s_48_layers"] for r in rows if r["length"] == length and r["degree"] == 1),
+            None,
+        )
         if base:
-            speedups[str(length)] = {str(r["degree"]): base / r["step_s_48_layers"] for r in rows if r["length"] == length}
-    balance = max((max(r["attention_s_per_rank"]) / min(r["attention_s_per_rank"]) for r in rows), default=None)
+            speedups[str(length)] = {
+                str(r["degree"]): base / r["step_s_48_layers"]
+                for r in rows
+                if r["length"] == length
+            }
+    balance = max(
+        (max(r["attention_s_per_rank"]) / min(r["attention_s_per_rank"]) for r in rows),
+        default=None,
+    )
     result = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "dtype": str(dtype), "torch": torch.__version__, "shape": cfg.__dict__ | {"mlp_only_layers": []},
-        "layers_scaled": LAYERS, "nvlink_gbps_modeled": args.nvlink_gbps,
+        "dtype": str(dtype),
+        "torch": torch.__version__,
+        "shape": cfg.__dict__ | {"mlp_only_layers": []},
+        "layers_scaled": LAYERS,
+        "nvlink_gbps_modeled": args.nvlink_gbps,
         "note": "ranks timed one after another on one device; all-gather modeled from NVLink bandwidth",
-        "rows": rows, "failures": failures,
+        "rows": rows,
+        "failures": failures,
         "fit": {"alpha_ns_per_pair": alpha * 1e9, "c_us_per_token": c * 1e6},
-        "design": DESIGN, "speedup_by_length": speedups,
-        "worst_rank_attention_imbalance": balance, "wall_s": time.perf_counter() - started,
+        "design": DESIGN,
+        "speedup_by_length": speedups,
+        "worst_rank_attention_imbalance": balance,
+        "wall_s": time.perf_counter() - started,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     if not args.skip_engine_check:
         result["engine_check"] = engine_check(device)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-        print("engine check:", json.dumps(result["engine_check"].get("degrees", result["engine_check"])), flush=True)
+        print(
+            "engine check:",
+            json.dumps(result["engine_check"].get("degrees", result["engine_check"])),
+            flush=True,
+        )
     print(json.dumps(result["fit"]), "vs design", json.dumps(DESIGN), flush=True)
 
 

@@ -57,7 +57,8 @@ def _run(args: argparse.Namespace) -> int:
     logging.getLogger("vertumnus.operator").info(
         "operator starting: %s, peering %s, priority %d",
         "namespaces " + ",".join(args.namespace) if args.namespace else "all namespaces",
-        "off" if args.standalone else args.peering, priority,
+        "off" if args.standalone else args.peering,
+        priority,
     )
     kopf.run(
         registry=registry,
@@ -106,11 +107,19 @@ def _render(args: argparse.Namespace) -> int:
         except SpecError as e:
             print(f"{args.file}: {meta.get('name')}: {e}", file=sys.stderr)
             return 2
-        owner = res.Owner(meta["name"], args.namespace or meta.get("namespace") or "default", args.uid)
+        owner = res.Owner(
+            meta["name"], args.namespace or meta.get("namespace") or "default", args.uid
+        )
         pool = tr.initial_pool(layout_for(spec.initial_composition(), spec.gpus_per_domain))
         gang = backend_for(spec.gang.backend, spec.gang.queue)
-        group = gang.group(owner.name, owner.namespace, spec.domains, spec.gpus, res.GPU_RESOURCE,
-                           owner.labels("gang"))
+        group = gang.group(
+            owner.name,
+            owner.namespace,
+            spec.domains,
+            spec.gpus,
+            res.GPU_RESOURCE,
+            owner.labels("gang"),
+        )
         if group is not None:
             group["metadata"]["ownerReferences"] = [owner.reference()]
             items.append(group)
@@ -127,19 +136,38 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vertumnus.operator", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m vertumnus.operator", description=__doc__.split("\n")[0]
+    )
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run the operator (kopf)")
-    r.add_argument("--namespace", action="append", default=[],
-                   help="watch only this namespace (repeatable; default: all)")
+    r.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch only this namespace (repeatable; default: all)",
+    )
     r.add_argument("--standalone", action="store_true", help="no peering (a single replica)")
-    r.add_argument("--priority", type=int, default=None,
-                   help="peering priority (default: derived from $POD_NAME / the host name)")
-    r.add_argument("--peering", default=os.environ.get("VERTUMNUS_PEERING", "vertumnus"),
-                   help="peering object name (default vertumnus)")
-    r.add_argument("--peering-lifetime", type=int, default=None,
-                   help="seconds before a silent peer counts as gone (kopf default 60)")
-    r.add_argument("--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    r.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="peering priority (default: derived from $POD_NAME / the host name)",
+    )
+    r.add_argument(
+        "--peering",
+        default=os.environ.get("VERTUMNUS_PEERING", "vertumnus"),
+        help="peering object name (default vertumnus)",
+    )
+    r.add_argument(
+        "--peering-lifetime",
+        type=int,
+        default=None,
+        help="seconds before a silent peer counts as gone (kopf default 60)",
+    )
+    r.add_argument(
+        "--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
+    )
     r.add_argument("--verbose", action="store_true")
     c = sub.add_parser("crds", help="print the CRDs (crds/*.yaml)")
     c.add_argument("--write", action="store_true", help="copy them into the Helm chart's crds/")

@@ -121,14 +121,27 @@ def _first_step(
         cells = dict(state)
         for off, deg in state:
             if deg % 2 == 0 and deg // 2 in allowed:
-                nxt = tuple(sorted([x for x in state if x != (off, deg)]
-                                   + [(off, deg // 2), (off + deg // 2, deg // 2)]))
+                nxt = tuple(
+                    sorted(
+                        [x for x in state if x != (off, deg)]
+                        + [(off, deg // 2), (off + deg // 2, deg // 2)]
+                    )
+                )
                 if nxt not in seen:
                     seen.add(nxt)
                     queue.append((nxt, first or (0, off, deg)))
-            if 2 * deg in allowed and 2 * deg <= size and off % (2 * deg) == 0 and cells.get(off + deg) == deg:
-                nxt = tuple(sorted([x for x in state if x not in ((off, deg), (off + deg, deg))]
-                                   + [(off, 2 * deg)]))
+            if (
+                2 * deg in allowed
+                and 2 * deg <= size
+                and off % (2 * deg) == 0
+                and cells.get(off + deg) == deg
+            ):
+                nxt = tuple(
+                    sorted(
+                        [x for x in state if x not in ((off, deg), (off + deg, deg))]
+                        + [(off, 2 * deg)]
+                    )
+                )
                 if nxt not in seen:
                     seen.add(nxt)
                     queue.append((nxt, first or (1, off, deg)))

@@ -210,8 +210,14 @@ def _obj(raw: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
     return value
 
 
-def _int(raw: Mapping[str, Any], key: str, path: str, default: int | None, lo: int | None = None,
-         hi: int | None = None) -> int:
+def _int(
+    raw: Mapping[str, Any],
+    key: str,
+    path: str,
+    default: int | None,
+    lo: int | None = None,
+    hi: int | None = None,
+) -> int:
     value = raw.get(key, default)
     where = f"{path}.{key}"
     if value is None:
@@ -228,9 +234,16 @@ def _int(raw: Mapping[str, Any], key: str, path: str, default: int | None, lo: i
     return value
 
 
-def _float(raw: Mapping[str, Any], key: str, path: str, default: float,
-           lo: float | None = None, lo_open: bool = False, hi: float | None = None,
-           hi_open: bool = False) -> float:
+def _float(
+    raw: Mapping[str, Any],
+    key: str,
+    path: str,
+    default: float,
+    lo: float | None = None,
+    lo_open: bool = False,
+    hi: float | None = None,
+    hi_open: bool = False,
+) -> float:
     value = raw.get(key, default)
     where = f"{path}.{key}"
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -245,14 +258,21 @@ def _float(raw: Mapping[str, Any], key: str, path: str, default: float,
     return value
 
 
-def _str(raw: Mapping[str, Any], key: str, path: str, default: str,
-         choices: tuple[str, ...] | None = None) -> str:
+def _str(
+    raw: Mapping[str, Any],
+    key: str,
+    path: str,
+    default: str,
+    choices: tuple[str, ...] | None = None,
+) -> str:
     value = raw.get(key, default)
     where = f"{path}.{key}"
     if not isinstance(value, str):
         raise SpecError(where, f"must be a string, got {value!r}")
     if choices is not None and value not in choices:
-        raise SpecError(where, f"Unsupported value: {value!r}: supported values: {', '.join(choices)}")
+        raise SpecError(
+            where, f"Unsupported value: {value!r}: supported values: {', '.join(choices)}"
+        )
     return value
 
 
@@ -302,11 +322,15 @@ def parse_spec(
     p = "spec"
     domain = _int(raw, "gpusPerDomain", p, 8)
     if domain not in _POW2:
-        raise SpecError(f"{p}.gpusPerDomain", f"Unsupported value: {domain}: supported values: "
-                        f"{', '.join(map(str, _POW2))}")
+        raise SpecError(
+            f"{p}.gpusPerDomain",
+            f"Unsupported value: {domain}: supported values: {', '.join(map(str, _POW2))}",
+        )
     gpus = _int(raw, "gpus", p, None, 1, 4096)
     if gpus % domain:
-        raise SpecError(f"{p}.gpus", f"gpus must be a multiple of gpusPerDomain ({gpus} % {domain} != 0)")
+        raise SpecError(
+            f"{p}.gpus", f"gpus must be a multiple of gpusPerDomain ({gpus} % {domain} != 0)"
+        )
 
     raw_degrees = raw.get("degrees", [4, 8])
     if not isinstance(raw_degrees, list) or not raw_degrees:
@@ -314,17 +338,25 @@ def parse_spec(
     degrees: list[int] = []
     for i, d in enumerate(raw_degrees):
         if isinstance(d, bool) or not isinstance(d, int) or d not in _POW2:
-            raise SpecError(f"{p}.degrees[{i}]", f"Unsupported value: {d!r}: must be a power of two <= 64")
+            raise SpecError(
+                f"{p}.degrees[{i}]", f"Unsupported value: {d!r}: must be a power of two <= 64"
+            )
         if domain % d:
-            raise SpecError(f"{p}.degrees", f"every degree must divide gpusPerDomain ({d} does not divide {domain})")
+            raise SpecError(
+                f"{p}.degrees",
+                f"every degree must divide gpusPerDomain ({d} does not divide {domain})",
+            )
         if d in degrees:
             raise SpecError(f"{p}.degrees[{i}]", f"Duplicate value: {d}")
         degrees.append(d)
     if capacity_degrees is not None:
         missing = sorted(set(degrees) - set(capacity_degrees))
         if missing:
-            raise SpecError(f"{p}.degrees", f"degrees {missing} are not in the capacity profile "
-                            f"(it covers {sorted(capacity_degrees)})")
+            raise SpecError(
+                f"{p}.degrees",
+                f"degrees {missing} are not in the capacity profile "
+                f"(it covers {sorted(capacity_degrees)})",
+            )
     deg = tuple(sorted(degrees))
     try:
         enumerate_lattice(gpus, deg, domain)
@@ -378,7 +410,9 @@ def parse_spec(
         raise SpecError(f"{cp}.mergeAdmit", "mergeAdmit must be <= upper")
     h, w = controller.hop_seconds, controller.window_seconds
     if h and (h > w or w % h):
-        raise SpecError(f"{cp}.hopSeconds", "hopSeconds must be 0 (= windowSeconds) or divide windowSeconds")
+        raise SpecError(
+            f"{cp}.hopSeconds", "hopSeconds must be 0 (= windowSeconds) or divide windowSeconds"
+        )
 
     k = _obj(raw, "cacheManager", p)
     kp = f"{p}.cacheManager"
@@ -418,7 +452,9 @@ def parse_spec(
         secret_key=_str(secret, "key", f"{dp}.secretRef", "password"),
     )
     if redis.mode == "external" and not redis.url:
-        raise SpecError(f"{dp}.url", "Required value: mode external needs url (redis://host:port/db)")
+        raise SpecError(
+            f"{dp}.url", "Required value: mode external needs url (redis://host:port/db)"
+        )
     if secret and not redis.secret_name:
         raise SpecError(f"{dp}.secretRef.name", "Required value")
 
@@ -470,12 +506,17 @@ def _composition(raw: Any, gpus: int, degrees: tuple[int, ...], domain: int) -> 
         count = _int(term, "count", f"{where}[{i}]", None, 1, 4096)
         degree = _int(term, "degree", f"{where}[{i}]", None, 1, 64)
         if degree not in degrees:
-            raise SpecError(f"{where}[{i}].degree", f"{degree} is not one of spec.degrees {list(degrees)}")
+            raise SpecError(
+                f"{where}[{i}].degree", f"{degree} is not one of spec.degrees {list(degrees)}"
+            )
         out.extend([degree] * count)
     comp = Composition(tuple(out))
     if comp.gpus != gpus:
-        raise SpecError(where, f"the composition must use exactly the GPU budget: "
-                        f"{comp} uses {comp.gpus} GPUs, spec.gpus is {gpus}")
+        raise SpecError(
+            where,
+            f"the composition must use exactly the GPU budget: "
+            f"{comp} uses {comp.gpus} GPUs, spec.gpus is {gpus}",
+        )
     try:
         layout_for(comp, domain)
     except ValueError as e:

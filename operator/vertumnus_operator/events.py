@@ -49,8 +49,13 @@ class KubeEvents:
 
     def __init__(self, kube: KubeClient, name: str, namespace: str, uid: str) -> None:
         self.kube = kube
-        self.involved = {"apiVersion": API_VERSION, "kind": KIND, "name": name,
-                         "namespace": namespace, "uid": uid}
+        self.involved = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": name,
+            "namespace": namespace,
+            "uid": uid,
+        }
         self.namespace = namespace
         self.name = name
         self.instance = os.environ.get("POD_NAME") or os.uname().nodename

@@ -50,8 +50,15 @@ class GangBackend(Protocol):
     """The group/version the backend needs served (None: nothing)."""
     plural: str | None
 
-    def group(self, name: str, namespace: str, domains: int, gpus: int, gpu_resource: str,
-              labels: Mapping[str, str]) -> dict[str, Any] | None:
+    def group(
+        self,
+        name: str,
+        namespace: str,
+        domains: int,
+        gpus: int,
+        gpu_resource: str,
+        labels: Mapping[str, str],
+    ) -> dict[str, Any] | None:
         """The group object (None: this backend has none)."""
         ...
 
@@ -63,8 +70,7 @@ class GangBackend(Protocol):
         """Why a pod read back lacks its gang fields (None: it has them)."""
         ...
 
-    def status(self, group: Mapping[str, Any] | None) -> GangStatus:
-        ...
+    def status(self, group: Mapping[str, Any] | None) -> GangStatus: ...
 
 
 class NativeGang:
@@ -72,8 +78,15 @@ class NativeGang:
     api_version: str | None = "scheduling.k8s.io/v1beta1"
     plural: str | None = "podgroups"
 
-    def group(self, name: str, namespace: str, domains: int, gpus: int, gpu_resource: str,
-              labels: Mapping[str, str]) -> dict[str, Any]:
+    def group(
+        self,
+        name: str,
+        namespace: str,
+        domains: int,
+        gpus: int,
+        gpu_resource: str,
+        labels: Mapping[str, str],
+    ) -> dict[str, Any]:
         return {
             "apiVersion": self.api_version,
             "kind": "PodGroup",
@@ -113,8 +126,15 @@ class VolcanoGang:
     def __init__(self, queue: str = "default") -> None:
         self.queue = queue
 
-    def group(self, name: str, namespace: str, domains: int, gpus: int, gpu_resource: str,
-              labels: Mapping[str, str]) -> dict[str, Any]:
+    def group(
+        self,
+        name: str,
+        namespace: str,
+        domains: int,
+        gpus: int,
+        gpu_resource: str,
+        labels: Mapping[str, str],
+    ) -> dict[str, Any]:
         return {
             "apiVersion": self.api_version,
             "kind": "PodGroup",
@@ -155,8 +175,15 @@ class NoGang:
     api_version: str | None = None
     plural: str | None = None
 
-    def group(self, name: str, namespace: str, domains: int, gpus: int, gpu_resource: str,
-              labels: Mapping[str, str]) -> None:
+    def group(
+        self,
+        name: str,
+        namespace: str,
+        domains: int,
+        gpus: int,
+        gpu_resource: str,
+        labels: Mapping[str, str],
+    ) -> None:
         return None
 
     def pod_fields(self, group_name: str) -> tuple[dict[str, Any], dict[str, str]]:
@@ -167,7 +194,9 @@ class NoGang:
 
     def status(self, group: Mapping[str, Any] | None) -> GangStatus:
         return GangStatus(
-            False, "GangDisabled", "spec.gang.backend is none: the domain pods are scheduled one by one"
+            False,
+            "GangDisabled",
+            "spec.gang.backend is none: the domain pods are scheduled one by one",
         )
 
 

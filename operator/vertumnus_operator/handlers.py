@@ -40,7 +40,9 @@ ANNOTATION_PREFIX = "operator.vertumnus.io"
 
 def configure(settings: kopf.OperatorSettings, peering_lifetime: int | None = None) -> None:
     settings.persistence.finalizer = FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=ANNOTATION_PREFIX
+    )
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
     )
@@ -77,12 +79,26 @@ def register(registry: kopf.OperatorRegistry) -> None:
         info: kopf.ConnectionInfo = connection_info()
         return info
 
-    @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=10.0,
-                 initial_delay=0)
-    async def pool(*, stopped: kopf.DaemonStopped, name: str, namespace: str | None, uid: str,
-                   memo: Any, **_: Any) -> None:
-        runtime = PoolRuntime(memo["kube"], name, namespace or "default", uid,
-                              wake=_wake_event(memo), seen=lambda: memo.get("seen_version"))
+    @kopf.daemon(
+        GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=10.0, initial_delay=0
+    )
+    async def pool(
+        *,
+        stopped: kopf.DaemonStopped,
+        name: str,
+        namespace: str | None,
+        uid: str,
+        memo: Any,
+        **_: Any,
+    ) -> None:
+        runtime = PoolRuntime(
+            memo["kube"],
+            name,
+            namespace or "default",
+            uid,
+            wake=_wake_event(memo),
+            seen=lambda: memo.get("seen_version"),
+        )
         await runtime.run(stopped)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
@@ -93,8 +109,16 @@ def register(registry: kopf.OperatorRegistry) -> None:
         _wake_event(memo).set()
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
-    async def deleted(*, name: str, namespace: str | None, uid: str, spec: kopf.Spec, memo: Any,
-                      logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any) -> None:
+    async def deleted(
+        *,
+        name: str,
+        namespace: str | None,
+        uid: str,
+        spec: kopf.Spec,
+        memo: Any,
+        logger: logging.Logger | logging.LoggerAdapter[Any],
+        **_: Any,
+    ) -> None:
         backend = str((spec.get("gang") or {}).get("backend", "native"))
         owner = Owner(name, namespace or "default", uid)
         n = await Reconciler(memo["kube"], owner).delete_all(backend)

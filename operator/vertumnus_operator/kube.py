@@ -59,7 +59,9 @@ def connection_info() -> Any:
     if info is None:
         info = kopf.login_with_service_account(settings=settings)
     if info is None:
-        raise kopf.LoginError("no kubeconfig ($KUBECONFIG, ~/.kube/config) and no ServiceAccount token")
+        raise kopf.LoginError(
+            "no kubeconfig ($KUBECONFIG, ~/.kube/config) and no ServiceAccount token"
+        )
     return info
 
 
@@ -164,9 +166,11 @@ class KubeClient:
         return list((await self.request("GET", path, params=params)).get("items") or [])
 
     async def create(self, path: str, body: Any, *, dry_run: bool = False) -> Any:
-        params = {"dryRun": "All", "fieldManager": FIELD_MANAGER} if dry_run else {
-            "fieldManager": FIELD_MANAGER
-        }
+        params = (
+            {"dryRun": "All", "fieldManager": FIELD_MANAGER}
+            if dry_run
+            else {"fieldManager": FIELD_MANAGER}
+        )
         return await self.request("POST", path, body, params=params)
 
     async def apply(self, path: str, body: Any) -> Any:
@@ -186,8 +190,12 @@ class KubeClient:
     async def delete(self, path: str, *, grace_seconds: int | None = None) -> Any:
         body = None
         if grace_seconds is not None:
-            body = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": grace_seconds,
-                    "propagationPolicy": "Background"}
+            body = {
+                "kind": "DeleteOptions",
+                "apiVersion": "v1",
+                "gracePeriodSeconds": grace_seconds,
+                "propagationPolicy": "Background",
+            }
         try:
             return await self.request("DELETE", path, body)
         except NotFound:
@@ -203,7 +211,9 @@ class KubeClient:
         return True
 
 
-def object_path(api_version: str, plural: str, namespace: str | None, name: str | None = None) -> str:
+def object_path(
+    api_version: str, plural: str, namespace: str | None, name: str | None = None
+) -> str:
     """The REST path of a collection (``name`` None) or of one object."""
     base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     if namespace is not None:

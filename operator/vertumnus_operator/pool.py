@@ -99,9 +99,16 @@ def _shape(layout: Layout) -> tuple[int, int]:
 
 
 class PoolRuntime:
-    def __init__(self, kube: KubeClient, name: str, namespace: str, uid: str,
-                 clock: Any = time.time, wake: asyncio.Event | None = None,
-                 seen: Any = None) -> None:
+    def __init__(
+        self,
+        kube: KubeClient,
+        name: str,
+        namespace: str,
+        uid: str,
+        clock: Any = time.time,
+        wake: asyncio.Event | None = None,
+        seen: Any = None,
+    ) -> None:
         self.kube = kube
         self.name = name
         self.namespace = namespace
@@ -149,8 +156,12 @@ class PoolRuntime:
                     raise
                 except Exception as e:  # a step that failed is retried: log, report, back off
                     log.exception("%s/%s: step failed", self.namespace, self.name)
-                    await self._say_once(f"error:{type(e).__name__}:{e}", "Warning", "ReconcileError",
-                                         f"{type(e).__name__}: {e}")
+                    await self._say_once(
+                        f"error:{type(e).__name__}:{e}",
+                        "Warning",
+                        "ReconcileError",
+                        f"{type(e).__name__}: {e}",
+                    )
                     await self.reset()
                     interval = backoff
                     backoff = min(backoff * 2, 30.0)
@@ -174,8 +185,10 @@ class PoolRuntime:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            waiters = [asyncio.ensure_future(stopped.wait(left)),
-                       asyncio.ensure_future(self.wake.wait())]
+            waiters = [
+                asyncio.ensure_future(stopped.wait(left)),
+                asyncio.ensure_future(self.wake.wait()),
+            ]
             try:
                 await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -227,9 +240,12 @@ class PoolRuntime:
                 redis_image=os.environ.get("VERTUMNUS_REDIS_IMAGE") or DEFAULT_REDIS_IMAGE,
             )
             if spec.engine.kind == "sglang":
-                raise SpecError("spec.engine.kind", "sglang is not supported by this operator yet: "
-                                "SGLang fixes a server's CP degree for its lifetime, so its workers "
-                                "cannot be regrouped in place; use torch")
+                raise SpecError(
+                    "spec.engine.kind",
+                    "sglang is not supported by this operator yet: "
+                    "SGLang fixes a server's CP degree for its lifetime, so its workers "
+                    "cannot be regrouped in place; use torch",
+                )
         except SpecError as e:
             await self._invalid(obj, generation, e)
             return 2.0
@@ -246,24 +262,30 @@ class PoolRuntime:
         effective = spec
         if _shape(layout) != (spec.gpus, spec.gpus_per_domain):
             # The budget or domain size changed: keep running the pods that exist.
-            effective = replace(spec, gpus=_shape(layout)[0], gpus_per_domain=layout.domain_size,
-                                composition=None)
+            effective = replace(
+                spec, gpus=_shape(layout)[0], gpus_per_domain=layout.domain_size, composition=None
+            )
         if time.monotonic() - self.applied_all > RESYNC_S:
             self.reconciler.forget()  # re-apply everything now and then (hand-deleted objects)
             self.applied_all = time.monotonic()
         problems = await self.reconciler.apply(effective, layout, runner.record.pool.epoch)
         obs = await self.reconciler.observe(effective)
         obs.generation = generation
-        obs.problems = problems + self.spec_problems + ([self.router_problem] if self.router_problem else [])
+        obs.problems = (
+            problems + self.spec_problems + ([self.router_problem] if self.router_problem else [])
+        )
         if obs.all_ready:
             self.was_ready = True
         elif self.was_ready:
-            obs.problems.append(Problem(
-                "Degraded", "DomainLost",
-                f"{obs.domains - obs.ready} of {obs.domains} domain pods are not ready (a node lost?): "
-                "missing pods are recreated with the grouping in force; no decision is taken "
-                "until every domain is back",
-            ))
+            obs.problems.append(
+                Problem(
+                    "Degraded",
+                    "DomainLost",
+                    f"{obs.domains - obs.ready} of {obs.domains} domain pods are not ready (a node lost?): "
+                    "missing pods are recreated with the grouping in force; no decision is taken "
+                    "until every domain is back",
+                )
+            )
         await self._observed(obs)
         await self._write_status_if_changed()
         if runner.failure is not None:
@@ -300,13 +322,20 @@ class PoolRuntime:
             condition("Degraded", True, "InvalidSpec", str(err), generation, prev, now),
         ]
         others = [c for c in prev if c.get("type") not in ("Ready", "Degraded")]
-        body = {"status": {"observedGeneration": generation, "phase": "Degraded",
-                           "conditions": conds + others}}
+        body = {
+            "status": {
+                "observedGeneration": generation,
+                "phase": "Degraded",
+                "conditions": conds + others,
+            }
+        }
         if status.get("phase") != "Degraded" or status.get("observedGeneration") != generation:
             await self.kube.merge_patch(self.path + "/status", body)
         await self.reset()
 
-    async def _load(self, obj: Mapping[str, Any], spec: PoolSpec, capacity: planner.CapacityProfile) -> None:
+    async def _load(
+        self, obj: Mapping[str, Any], spec: PoolSpec, capacity: planner.CapacityProfile
+    ) -> None:
         status = obj.get("status") or {}
         raw = status.get("state")
         record: Record
@@ -319,24 +348,32 @@ class PoolRuntime:
             layout = layout_for(spec.initial_composition(), spec.gpus_per_domain)
             record = Record(tr.initial_pool(layout))
         self.conditions = list(status.get("conditions") or [])
-        self.store = StatusStore(self.kube, self.namespace, self.name, self._view,
-                                 obj["metadata"]["resourceVersion"])
+        self.store = StatusStore(
+            self.kube, self.namespace, self.name, self._view, obj["metadata"]["resourceVersion"]
+        )
         controller = self._controller(record, spec, capacity)
         self.runner = TransitionRunner(
-            record, self.store, self._admin_now, self.events, self.reconciler.annotate,
-            controller=controller, drain_timeout_s=float(spec.controller.drain_timeout_seconds),
+            record,
+            self.store,
+            self._admin_now,
+            self.events,
+            self.reconciler.annotate,
+            controller=controller,
+            drain_timeout_s=float(spec.controller.drain_timeout_seconds),
         )
         if not raw:
             await self.runner.checkpoint()  # the initial layout is recorded before any pod exists
             await self.events.post(
-                "Normal", "Created",
+                "Normal",
+                "Created",
                 f"pool of {spec.gpus} GPUs in {spec.domains} domain pods of {spec.gpus_per_domain}; "
                 f"initial composition {record.pool.layout.composition} (epoch {record.pool.epoch}); "
                 f"gang backend {spec.gang.backend}",
             )
         elif record.pool.transitions:
             await self.events.post(
-                "Normal", "Resumed",
+                "Normal",
+                "Resumed",
                 "operator (re)started with transition(s) in flight: "
                 + ", ".join(f"{t.id} ({t.kind}, {t.phase.value})" for t in record.pool.transitions)
                 + "; carrying on from the recorded phase",
@@ -344,7 +381,9 @@ class PoolRuntime:
         self.generation = None  # the first step reads the spec as a change from nothing
         self.spec = None
 
-    def _controller(self, record: Record, spec: PoolSpec, capacity: planner.CapacityProfile) -> Controller | None:
+    def _controller(
+        self, record: Record, spec: PoolSpec, capacity: planner.CapacityProfile
+    ) -> Controller | None:
         if spec.composition is not None or not spec.controller.enabled:
             return None
         state = record.controller
@@ -354,8 +393,9 @@ class PoolRuntime:
                 not state.pending and state.layout != record.pool.layout
             ):
                 state = None  # reshaped by hand or by a pinned composition since
-        return Controller(state or planner.initial_state(record.pool.layout), capacity,
-                          spec.planner_settings())
+        return Controller(
+            state or planner.initial_state(record.pool.layout), capacity, spec.planner_settings()
+        )
 
     async def _spec_changed(self, spec: PoolSpec, capacity: planner.CapacityProfile) -> None:
         old = self.spec
@@ -365,19 +405,28 @@ class PoolRuntime:
         self.spec_problems = []
         shape = _shape(record.pool.layout)
         if shape != (spec.gpus, spec.gpus_per_domain):
-            msg = (f"spec asks for {spec.gpus} GPUs in domains of {spec.gpus_per_domain}; the pool "
-                   f"runs {shape[0]} in domains of {shape[1]}. Changing the budget or the domain "
-                   "size needs new pods, which the operator does not make on its own: the pool keeps "
-                   "running as it was (recreate the CPPool to apply)")
+            msg = (
+                f"spec asks for {spec.gpus} GPUs in domains of {spec.gpus_per_domain}; the pool "
+                f"runs {shape[0]} in domains of {shape[1]}. Changing the budget or the domain "
+                "size needs new pods, which the operator does not make on its own: the pool keeps "
+                "running as it was (recreate the CPPool to apply)"
+            )
             self.spec_problems.append(Problem("Degraded", "NeedsNewPods", msg))
-            await self._say_once(f"shape:{spec.gpus}:{spec.gpus_per_domain}", "Warning", "NeedsNewPods", msg)
+            await self._say_once(
+                f"shape:{spec.gpus}:{spec.gpus_per_domain}", "Warning", "NeedsNewPods", msg
+            )
         if old is None:
             return
         if (old.placement, old.cache_manager, old.router, old.redis, old.model) != (
-            spec.placement, spec.cache_manager, spec.router, spec.redis, spec.model
+            spec.placement,
+            spec.cache_manager,
+            spec.router,
+            spec.redis,
+            spec.model,
         ):
             await self.events.post(
-                "Normal", "RouterConfigUpdated",
+                "Normal",
+                "RouterConfigUpdated",
                 f"rewrote ConfigMap {self.name}-router (placement beta={spec.placement.beta}, "
                 f"betaBusy={spec.placement.beta_busy}, lambda={spec.placement.lam}, cache manager, "
                 "router, Redis); the router reads it at start and has no live reload: restart it "
@@ -385,22 +434,30 @@ class PoolRuntime:
                 "are not restarted",
             )
         if (old.engine, old.gang, old.scheduling) != (spec.engine, spec.gang, spec.scheduling):
-            msg = ("spec.engine, spec.gang or spec.scheduling changed: that needs new domain pods, "
-                   "which the operator does not make on its own; the pool keeps running as it was")
+            msg = (
+                "spec.engine, spec.gang or spec.scheduling changed: that needs new domain pods, "
+                "which the operator does not make on its own; the pool keeps running as it was"
+            )
             await self.events.post("Warning", "NeedsNewPods", msg)
-        if old.composition != spec.composition or old.controller != spec.controller or old.degrees != spec.degrees:
+        if (
+            old.composition != spec.composition
+            or old.controller != spec.controller
+            or old.degrees != spec.degrees
+        ):
             self.runner.controller = self._controller(record, spec, capacity)
             self.next_hop = None
             if spec.composition is not None:
                 await self.events.post(
-                    "Normal", "CompositionPinned",
+                    "Normal",
+                    "CompositionPinned",
                     f"composition pinned to {spec.composition}: reached from "
                     f"{record.pool.layout.composition} by split/merge transitions; the pods stay; "
                     "the controller makes no decision while it is pinned",
                 )
             else:
                 await self.events.post(
-                    "Normal", "ControllerUpdated",
+                    "Normal",
+                    "ControllerUpdated",
                     f"controller {'on' if spec.controller.enabled else 'off'} (window "
                     f"{spec.controller.window_seconds} s, hop {spec.controller.hop} s, thresholds "
                     f"{spec.controller.lower}/{spec.controller.upper}); applied now",
@@ -417,16 +474,24 @@ class PoolRuntime:
         self.obs = obs
         if obs.all_ready and not before.all_ready:
             took = time.monotonic() - self.created
-            await self._say_once(f"ready:{obs.generation}:{obs.domains}", "Normal", "Ready",
-                                 f"all {obs.domains} domain pods bound as one gang and ready "
-                                 f"({obs.ready * obs.gpus_per_domain} GPUs; {took:.1f} s after the "
-                                 "operator took the pool)")
+            await self._say_once(
+                f"ready:{obs.generation}:{obs.domains}",
+                "Normal",
+                "Ready",
+                f"all {obs.domains} domain pods bound as one gang and ready "
+                f"({obs.ready * obs.gpus_per_domain} GPUs; {took:.1f} s after the "
+                "operator took the pool)",
+            )
         gang = obs.gang
         for p in obs.problems:
             await self._say_once(f"problem:{p.reason}:{p.message}", "Warning", p.reason, p.message)
         if gang is not None and gang.scheduled is False and gang.reason not in ("GangDisabled",):
-            await self._say_once(f"gang:{gang.reason}:{gang.message}", "Warning", "GangUnschedulable",
-                                 f"{gang.reason}: {gang.message}")
+            await self._say_once(
+                f"gang:{gang.reason}:{gang.message}",
+                "Warning",
+                "GangUnschedulable",
+                f"{gang.reason}: {gang.message}",
+            )
 
     async def _write_status_if_changed(self) -> None:
         assert self.runner is not None and self.store is not None
@@ -465,15 +530,20 @@ class PoolRuntime:
             if runner.busy:
                 return
             if admin is None:
-                self._router_down("no router address (no ready endpoint of Service "
-                                  f"{self.name}-router, no {res.ANN_ROUTER_ADDRESSES} annotation)")
+                self._router_down(
+                    "no router address (no ready endpoint of Service "
+                    f"{self.name}-router, no {res.ANN_ROUTER_ADDRESSES} annotation)"
+                )
                 return
             op = await runner.pin(pinned, spec.degrees)
             if op is None and str(runner.record.pool.layout.composition) == str(pinned):
-                await self._say_once(f"pinned:{pinned}:{runner.record.pool.epoch}", "Normal",
-                                     "CompositionReached",
-                                     f"the pool runs the pinned composition {pinned} "
-                                     f"(epoch {runner.record.pool.epoch})")
+                await self._say_once(
+                    f"pinned:{pinned}:{runner.record.pool.epoch}",
+                    "Normal",
+                    "CompositionReached",
+                    f"the pool runs the pinned composition {pinned} "
+                    f"(epoch {runner.record.pool.epoch})",
+                )
             return
         if runner.controller is None:
             return
@@ -486,8 +556,10 @@ class PoolRuntime:
             return
         self.next_hop = max(self.next_hop + hop, now + hop / 2)
         if admin is None:
-            self._router_down("no router address (no ready endpoint of Service "
-                              f"{self.name}-router, no {res.ANN_ROUTER_ADDRESSES} annotation)")
+            self._router_down(
+                "no router address (no ready endpoint of Service "
+                f"{self.name}-router, no {res.ANN_ROUTER_ADDRESSES} annotation)"
+            )
             return
         try:
             window = await admin.take_window(runner.record.hop + 1)
@@ -520,14 +592,24 @@ class PoolRuntime:
                 op = planner.Merge((ids[0], ids[1]), "asked for by annotation")
         except ValueError:
             op = None
-        members = set() if op is None else set(op.workers if isinstance(op, planner.Merge) else (op.worker,))
+        members = (
+            set()
+            if op is None
+            else set(op.workers if isinstance(op, planner.Merge) else (op.worker,))
+        )
         if op is None:
-            await self.events.post("Warning", "TransitionRefused",
-                                   f"{key}={value!r}: expected a worker id (split) or two (merge, 'A,B')")
+            await self.events.post(
+                "Warning",
+                "TransitionRefused",
+                f"{key}={value!r}: expected a worker id (split) or two (merge, 'A,B')",
+            )
         elif pinned:
-            await self.events.post("Warning", "TransitionRefused",
-                                   f"{key}={value}: the composition is pinned (spec.composition); "
-                                   "change the pin instead")
+            await self.events.post(
+                "Warning",
+                "TransitionRefused",
+                f"{key}={value}: the composition is pinned (spec.composition); "
+                "change the pin instead",
+            )
         elif members & runner.record.pool.busy() or runner.busy or not routed:
             return True  # wait: its workers (or the pool) are in a transition, or no router yet
         else:
@@ -537,6 +619,7 @@ class PoolRuntime:
 
     def _router_down(self, why: str) -> None:
         self.router_problem = Problem(
-            "Degraded", "RouterUnavailable",
+            "Degraded",
+            "RouterUnavailable",
             f"the controller cannot read the window demand: {why}",
         )

@@ -34,7 +34,9 @@ __all__ = ["Reconciler", "pool_objects"]
 log = logging.getLogger(__name__)
 
 
-def pool_objects(spec: PoolSpec, owner: res.Owner, layout: Layout, epoch: int) -> list[dict[str, Any]]:
+def pool_objects(
+    spec: PoolSpec, owner: res.Owner, layout: Layout, epoch: int
+) -> list[dict[str, Any]]:
     """Every object of the pool except its pods, the gang object and the Redis Secret."""
     objs = [
         res.engines_service(owner, spec),
@@ -48,8 +50,14 @@ def pool_objects(spec: PoolSpec, owner: res.Owner, layout: Layout, epoch: int) -
 
 def path_of(obj: Mapping[str, Any]) -> str:
     kind = obj["kind"]
-    plural = {"Service": "services", "ConfigMap": "configmaps", "Deployment": "deployments",
-              "Pod": "pods", "Secret": "secrets", "PodGroup": "podgroups"}[kind]
+    plural = {
+        "Service": "services",
+        "ConfigMap": "configmaps",
+        "Deployment": "deployments",
+        "Pod": "pods",
+        "Secret": "secrets",
+        "PodGroup": "podgroups",
+    }[kind]
     meta = obj["metadata"]
     return object_path(obj["apiVersion"], plural, meta["namespace"], meta["name"])
 
@@ -100,8 +108,14 @@ class Reconciler:
         gang = self.gang(spec)
         if not await self._gang_usable(gang, spec, layout, epoch, problems):
             return problems
-        group = gang.group(owner.name, owner.namespace, spec.domains, spec.gpus, res.GPU_RESOURCE,
-                           owner.labels("gang"))
+        group = gang.group(
+            owner.name,
+            owner.namespace,
+            spec.domains,
+            spec.gpus,
+            res.GPU_RESOURCE,
+            owner.labels("gang"),
+        )
         if group is not None:
             group["metadata"]["ownerReferences"] = [owner.reference()]
             try:
@@ -109,44 +123,59 @@ class Reconciler:
             except KubeError as e:
                 if e.status != 422:
                     raise
-                problems.append(Problem("Degraded", "NeedsNewPods",
-                                        f"the gang object cannot change in place ({e.message})"))
+                problems.append(
+                    Problem(
+                        "Degraded",
+                        "NeedsNewPods",
+                        f"the gang object cannot change in place ({e.message})",
+                    )
+                )
         existing = await self.pods()
         missing = [d for d in range(spec.domains) if d not in existing]
         if missing:
             await asyncio.gather(*(self._create_pod(spec, layout, epoch, d, gang) for d in missing))
         want = {d: res.domain_pod(spec, owner, d, layout.domain(d), epoch, gang) for d in existing}
         stale = sorted(
-            d for d, pod in existing.items()
-            if d in want and (pod["metadata"].get("annotations") or {}).get(res.ANN_SPEC_HASH)
+            d
+            for d, pod in existing.items()
+            if d in want
+            and (pod["metadata"].get("annotations") or {}).get(res.ANN_SPEC_HASH)
             != want[d]["metadata"]["annotations"][res.ANN_SPEC_HASH]
         )
         extra = sorted(d for d in existing if d >= spec.domains)
         if stale or extra:
-            problems.append(Problem(
-                "Degraded", "NeedsNewPods",
-                f"the spec changed what the domain pods run ({'pods ' + str(stale) if stale else ''}"
-                f"{' and ' if stale and extra else ''}{'extra domains ' + str(extra) if extra else ''}): "
-                "that needs new pods, which the operator does not make on its own; the pool keeps "
-                "running as it was (recreate the CPPool to apply)",
-            ))
+            problems.append(
+                Problem(
+                    "Degraded",
+                    "NeedsNewPods",
+                    f"the spec changed what the domain pods run ({'pods ' + str(stale) if stale else ''}"
+                    f"{' and ' if stale and extra else ''}{'extra domains ' + str(extra) if extra else ''}): "
+                    "that needs new pods, which the operator does not make on its own; the pool keeps "
+                    "running as it was (recreate the CPPool to apply)",
+                )
+            )
         return problems
 
-    async def _gang_usable(self, gang: GangBackend, spec: PoolSpec, layout: Layout, epoch: int,
-                           problems: list[Problem]) -> bool:
+    async def _gang_usable(
+        self, gang: GangBackend, spec: PoolSpec, layout: Layout, epoch: int, problems: list[Problem]
+    ) -> bool:
         if self.gang_ok.get(gang.name):
             return True
         if gang.api_version is not None and not await self.kube.has_api(gang.api_version):
-            problems.append(Problem(
-                "GangScheduled", "GangAPIUnavailable",
-                f"the cluster does not serve {gang.api_version} (gang backend {gang.name}); "
-                "no pod is created rather than have them scheduled one by one",
-            ))
+            problems.append(
+                Problem(
+                    "GangScheduled",
+                    "GangAPIUnavailable",
+                    f"the cluster does not serve {gang.api_version} (gang backend {gang.name}); "
+                    "no pod is created rather than have them scheduled one by one",
+                )
+            )
             return False
         probe = res.domain_pod(spec, self.owner, 0, layout.domain(0), epoch, gang)
         try:
-            back = await self.kube.create(object_path("v1", "pods", self.owner.namespace), probe,
-                                          dry_run=True)
+            back = await self.kube.create(
+                object_path("v1", "pods", self.owner.namespace), probe, dry_run=True
+            )
         except Conflict:
             back = await self.kube.get(path_of(probe))
         why = gang.dropped(back, self.owner.name)
@@ -156,8 +185,9 @@ class Reconciler:
         self.gang_ok[gang.name] = True
         return True
 
-    async def _create_pod(self, spec: PoolSpec, layout: Layout, epoch: int, domain: int,
-                          gang: GangBackend) -> None:
+    async def _create_pod(
+        self, spec: PoolSpec, layout: Layout, epoch: int, domain: int, gang: GangBackend
+    ) -> None:
         pod = res.domain_pod(spec, self.owner, domain, layout.domain(domain), epoch, gang)
         # Conflict: a pod of that name is terminating or was just made.
         with contextlib.suppress(Conflict):
@@ -180,7 +210,9 @@ class Reconciler:
 
     async def annotate(self, domain: int, grouping: Any, epoch: int) -> None:
         """Write a domain's grouping and epoch onto its pod (the pod stays)."""
-        path = object_path("v1", "pods", self.owner.namespace, res.pod_name(self.owner.name, domain))
+        path = object_path(
+            "v1", "pods", self.owner.namespace, res.pod_name(self.owner.name, domain)
+        )
         body = {"metadata": {"annotations": res.grouping_annotations(grouping, epoch)}}
         # A pod that is gone (its node lost) is recreated from the recorded layout, which
         # already holds this grouping: nothing to annotate.
@@ -189,7 +221,9 @@ class Reconciler:
 
     async def observe(self, spec: PoolSpec) -> Observation:
         pods = await self.pods()
-        obs = Observation(domains=spec.domains, pods=len(pods), gpus_per_domain=spec.gpus_per_domain)
+        obs = Observation(
+            domains=spec.domains, pods=len(pods), gpus_per_domain=spec.gpus_per_domain
+        )
         for d, pod in sorted(pods.items()):
             if d >= spec.domains:
                 continue
@@ -201,13 +235,18 @@ class Reconciler:
                 obs.ready += 1
             sched = conds.get("PodScheduled") or {}
             if sched.get("status") == "False" and not obs.unschedulable:
-                obs.unschedulable = f"{res.pod_name(self.owner.name, d)}: {sched.get('message', '')}"
+                obs.unschedulable = (
+                    f"{res.pod_name(self.owner.name, d)}: {sched.get('message', '')}"
+                )
         gang = self.gang(spec)
         group = None
         if gang.api_version is not None and gang.plural is not None:
             try:
-                group = await self.kube.get(object_path(gang.api_version, gang.plural,
-                                                        self.owner.namespace, self.owner.name))
+                group = await self.kube.get(
+                    object_path(
+                        gang.api_version, gang.plural, self.owner.namespace, self.owner.name
+                    )
+                )
             except NotFound:
                 group = None
             except KubeError as e:
@@ -234,8 +273,12 @@ class Reconciler:
         selector = f"{res.LABEL_POOL}={name}"
         n = 0
         paths = []
-        for api, plural in (("v1", "pods"), ("apps/v1", "deployments"), ("v1", "services"),
-                            ("v1", "configmaps")):
+        for api, plural in (
+            ("v1", "pods"),
+            ("apps/v1", "deployments"),
+            ("v1", "services"),
+            ("v1", "configmaps"),
+        ):
             for item in await self.kube.list(object_path(api, plural, ns), selector):
                 refs = item["metadata"].get("ownerReferences") or []
                 if any(r.get("uid") == self.owner.uid for r in refs):

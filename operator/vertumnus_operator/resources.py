@@ -87,8 +87,13 @@ class Owner:
         self.uid = uid
 
     def reference(self) -> dict[str, Any]:
-        return {"apiVersion": API_VERSION, "kind": KIND, "name": self.name, "uid": self.uid,
-                "controller": True}
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+        }
 
     def labels(self, component: str) -> dict[str, str]:
         return {
@@ -114,7 +119,9 @@ def pod_name(pool: str, domain: int) -> str:
 
 def format_grouping(slots: Sequence[Slot]) -> str:
     """``0:CP4@0,1:CP4@4``: worker id, degree and first rank of each worker of a domain."""
-    return ",".join(f"{s.worker}:CP{s.degree}@{s.offset}" for s in sorted(slots, key=lambda s: s.offset))
+    return ",".join(
+        f"{s.worker}:CP{s.degree}@{s.offset}" for s in sorted(slots, key=lambda s: s.offset)
+    )
 
 
 def parse_grouping(text: str, domain: int) -> tuple[Slot, ...]:
@@ -126,7 +133,9 @@ def parse_grouping(text: str, domain: int) -> tuple[Slot, ...]:
             deg, off = rest.removeprefix("CP").split("@")
             out.append(Slot(int(wid), int(deg), domain, int(off)))
         except ValueError:
-            raise ValueError(f"bad grouping term {term!r} in {text!r}; expected WORKER:CPDEGREE@OFFSET") from None
+            raise ValueError(
+                f"bad grouping term {term!r} in {text!r}; expected WORKER:CPDEGREE@OFFSET"
+            ) from None
     return tuple(out)
 
 
@@ -135,21 +144,34 @@ def _degrees(slots: Sequence[Slot]) -> str:
 
 
 def grouping_annotations(slots: Sequence[Slot], epoch: int) -> dict[str, str]:
-    return {ANN_EPOCH: str(epoch), ANN_GROUPING: format_grouping(slots), ANN_DEGREES: _degrees(slots)}
+    return {
+        ANN_EPOCH: str(epoch),
+        ANN_GROUPING: format_grouping(slots),
+        ANN_DEGREES: _degrees(slots),
+    }
 
 
 def _engine_command(spec: PoolSpec) -> list[str]:
     e = spec.engine
     args = [
-        "vertumnus", "serve",
-        "--ranks", str(spec.gpus_per_domain),
-        "--degrees", f'"$(cat {PODINFO}/degrees)"',
-        "--host", "0.0.0.0",
-        "--base-port", str(e.base_port),
-        "--block-size", str(e.block_size),
-        "--dtype", e.dtype,
-        "--max-tokens", str(e.max_tokens),
-        "--device", "cuda",
+        "vertumnus",
+        "serve",
+        "--ranks",
+        str(spec.gpus_per_domain),
+        "--degrees",
+        f'"$(cat {PODINFO}/degrees)"',
+        "--host",
+        "0.0.0.0",
+        "--base-port",
+        str(e.base_port),
+        "--block-size",
+        str(e.block_size),
+        "--dtype",
+        e.dtype,
+        "--max-tokens",
+        str(e.max_tokens),
+        "--device",
+        "cuda",
     ]
     if spec.model.path:
         args += ["--model", shlex.quote(spec.model.path)]
@@ -188,10 +210,14 @@ def pod_spec(spec: PoolSpec, owner: Owner, domain: int, gang: GangBackend) -> di
                 "name": "podinfo",
                 "downwardAPI": {
                     "items": [
-                        {"path": "degrees",
-                         "fieldRef": {"fieldPath": f"metadata.annotations['{ANN_DEGREES}']"}},
-                        {"path": "epoch",
-                         "fieldRef": {"fieldPath": f"metadata.annotations['{ANN_EPOCH}']"}},
+                        {
+                            "path": "degrees",
+                            "fieldRef": {"fieldPath": f"metadata.annotations['{ANN_DEGREES}']"},
+                        },
+                        {
+                            "path": "epoch",
+                            "fieldRef": {"fieldPath": f"metadata.annotations['{ANN_EPOCH}']"},
+                        },
                     ]
                 },
             }
@@ -211,8 +237,9 @@ def spec_hash(pod_spec_body: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(pod_spec_body, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def domain_pod(spec: PoolSpec, owner: Owner, domain: int, slots: Sequence[Slot], epoch: int,
-               gang: GangBackend) -> dict[str, Any]:
+def domain_pod(
+    spec: PoolSpec, owner: Owner, domain: int, slots: Sequence[Slot], epoch: int, gang: GangBackend
+) -> dict[str, Any]:
     body = pod_spec(spec, owner, domain, gang)
     _, gang_annotations = gang.pod_fields(owner.name)
     meta = owner.meta(pod_name(owner.name, domain), "engine", **{LABEL_DOMAIN: str(domain)})
@@ -255,12 +282,18 @@ def router_config(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
         "metricsPort": spec.router.metrics_port,
         "admissionLimit": spec.router.admission_limit,
         "model": {"name": spec.model.name, "path": spec.model.path, "profile": spec.model.profile},
-        "engine": {"kind": spec.engine.kind, "blockSize": spec.engine.block_size,
-                   "maxTokens": spec.engine.max_tokens},
+        "engine": {
+            "kind": spec.engine.kind,
+            "blockSize": spec.engine.block_size,
+            "maxTokens": spec.engine.max_tokens,
+        },
         "placement": {"beta": p.beta, "betaBusy": p.beta_busy, "lambda": p.lam},
         "cacheManager": {
-            "enabled": k.enabled, "thetaInter": k.theta_inter, "thetaIntra": k.theta_intra,
-            "thetaReclaim": k.theta_reclaim, "decay": k.decay,
+            "enabled": k.enabled,
+            "thetaInter": k.theta_inter,
+            "thetaIntra": k.theta_intra,
+            "thetaReclaim": k.theta_reclaim,
+            "decay": k.decay,
             "scanIntervalSeconds": k.scan_interval_seconds,
         },
         # The operator runs the composition controller and calls Admin.Switch; the
@@ -336,12 +369,18 @@ def router_args(spec: PoolSpec, owner: Owner) -> list[str]:
         host = f"{pod_name(owner.name, d)}.{owner.name}-engines.{owner.namespace}.svc"
         args += ["--engine", f"{host}:{spec.engine.base_port}"]
     args += [
-        "--listen", f"0.0.0.0:{r.port}",
-        "--metrics-listen", f"0.0.0.0:{r.metrics_port}",
-        "--pool", owner.name,
-        "--profile", spec.model.profile,
-        "--admission-limit", str(r.admission_limit),
-        "--router-id", "$(POD_NAME)",
+        "--listen",
+        f"0.0.0.0:{r.port}",
+        "--metrics-listen",
+        f"0.0.0.0:{r.metrics_port}",
+        "--pool",
+        owner.name,
+        "--profile",
+        spec.model.profile,
+        "--admission-limit",
+        str(r.admission_limit),
+        "--router-id",
+        "$(POD_NAME)",
     ]
     url = redis_url(spec, owner)
     if url:
@@ -419,8 +458,15 @@ def redis_objects(spec: PoolSpec, owner: Owner) -> list[dict[str, Any]]:
                 "name": "redis",
                 "image": spec.redis.image,
                 # An index cache: the router rebuilds it from the engines, so no persistence.
-                "args": ["redis-server", "--requirepass", f"$({REDIS_PASSWORD_ENV})", "--save", "",
-                         "--appendonly", "no"],
+                "args": [
+                    "redis-server",
+                    "--requirepass",
+                    f"$({REDIS_PASSWORD_ENV})",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ],
                 "env": _redis_env(spec, owner),
                 "ports": [{"name": "redis", "containerPort": 6379}],
                 "readinessProbe": {"tcpSocket": {"port": 6379}, "periodSeconds": 5},

@@ -97,7 +97,9 @@ class RouterAdmin:
                 w.running_remaining_s[load.worker] = max(
                     w.running_remaining_s.get(load.worker, 0.0), load.running_remaining_seconds
                 )
-                w.reused_blocks[load.worker] = w.reused_blocks.get(load.worker, 0.0) + load.reused_blocks
+                w.reused_blocks[load.worker] = (
+                    w.reused_blocks.get(load.worker, 0.0) + load.reused_blocks
+                )
         return w
 
     async def drain(self, worker: int, timeout_s: float) -> bool:
@@ -120,5 +122,6 @@ class RouterAdmin:
         )
         replies = await self._all("Switch", req, self.timeout_s)
         return max(
-            (r.switch_seconds for r in replies if isinstance(r, pool_pb2.SwitchResponse)), default=0.0
+            (r.switch_seconds for r in replies if isinstance(r, pool_pb2.SwitchResponse)),
+            default=0.0,
         )

@@ -169,7 +169,8 @@ def _decode_window(raw: Mapping[str, Any], where: str) -> planner.WindowObservat
         long_requests=int(_get(raw, "long", where)),
         long_demand_s=float(raw.get("longDemand", 0.0)),
         workers=tuple(
-            planner.WorkerObservation(int(w), float(r), float(u)) for w, r, u in raw.get("workers", ())
+            planner.WorkerObservation(int(w), float(r), float(u))
+            for w, r, u in raw.get("workers", ())
         ),
         reconfiguring=bool(raw.get("reconfiguring", False)),
         fresh_demand_s=None if raw.get("freshDemand") is None else float(raw["freshDemand"]),
@@ -208,11 +209,16 @@ def decode_controller(
         split_streak=int(raw.get("splitStreak", 0)),
         merge_streak=int(raw.get("mergeStreak", 0)),
         momentum=momentum,
-        pending=tuple(decode_op(o, f"{where}.pending[{i}]") for i, o in enumerate(raw.get("pending", ()))),
+        pending=tuple(
+            decode_op(o, f"{where}.pending[{i}]") for i, o in enumerate(raw.get("pending", ()))
+        ),
         confirming=tuple(
-            _decode_window(w, f"{where}.confirming[{i}]") for i, w in enumerate(raw.get("confirming", ()))
+            _decode_window(w, f"{where}.confirming[{i}]")
+            for i, w in enumerate(raw.get("confirming", ()))
         ),
         target=None if target is None else Composition.parse(target),
-        plan=tuple(_decode_window(w, f"{where}.plan[{i}]") for i, w in enumerate(raw.get("plan", ()))),
+        plan=tuple(
+            _decode_window(w, f"{where}.plan[{i}]") for i, w in enumerate(raw.get("plan", ()))
+        ),
         history=tuple(str(h) for h in raw.get("history", ())),
     )

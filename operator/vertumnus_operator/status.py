@@ -65,16 +65,29 @@ class Observation:
         return self.domains > 0 and self.ready == self.domains
 
 
-def condition(type_: str, ok: bool, reason: str, message: str, generation: int,
-              previous: Sequence[Mapping[str, Any]], now: float) -> dict[str, Any]:
+def condition(
+    type_: str,
+    ok: bool,
+    reason: str,
+    message: str,
+    generation: int,
+    previous: Sequence[Mapping[str, Any]],
+    now: float,
+) -> dict[str, Any]:
     """A condition, keeping ``lastTransitionTime`` while its status does not change."""
     status = "True" if ok else "False"
     since = iso(now)
     for c in previous:
         if c.get("type") == type_ and c.get("status") == status and c.get("lastTransitionTime"):
             since = c["lastTransitionTime"]
-    return {"type": type_, "status": status, "reason": reason, "message": message[:1024],
-            "lastTransitionTime": since, "observedGeneration": generation}
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message[:1024],
+        "lastTransitionTime": since,
+        "observedGeneration": generation,
+    }
 
 
 def _or(value: float | None, default: float) -> float:
@@ -90,14 +103,21 @@ def _workers(pool: tr.PoolState) -> list[dict[str, Any]]:
             for s in t.added:
                 state[s.worker] = "Switching"
     return [
-        {"id": s.worker, "degree": s.degree, "domain": s.domain, "offset": s.offset,
-         "ranks": list(s.ranks), "state": state.get(s.worker, "Serving")}
+        {
+            "id": s.worker,
+            "degree": s.degree,
+            "domain": s.domain,
+            "offset": s.offset,
+            "ranks": list(s.ranks),
+            "state": state.get(s.worker, "Serving"),
+        }
         for s in pool.layout.slots
     ]
 
 
-def build_status(record: Record, obs: Observation, previous_conditions: Sequence[Mapping[str, Any]],
-                 now: float) -> dict[str, Any]:
+def build_status(
+    record: Record, obs: Observation, previous_conditions: Sequence[Mapping[str, Any]], now: float
+) -> dict[str, Any]:
     pool = record.pool
     gen = obs.generation
     prev = previous_conditions
@@ -121,40 +141,78 @@ def build_status(record: Record, obs: Observation, previous_conditions: Sequence
     # Ready
     ready_problem = by_kind.get("Ready")
     if ready_problem:
-        ready = condition("Ready", False, ready_problem[0].reason, ready_problem[0].message, gen, prev, now)
+        ready = condition(
+            "Ready", False, ready_problem[0].reason, ready_problem[0].message, gen, prev, now
+        )
     elif gang_problem:
         ready = condition("Ready", False, gang_reason, gang_msg, gen, prev, now)
     elif obs.all_ready:
-        ready = condition("Ready", True, "AllDomainsReady",
-                          f"{obs.ready}/{obs.domains} domain pods bound and ready", gen, prev, now)
+        ready = condition(
+            "Ready",
+            True,
+            "AllDomainsReady",
+            f"{obs.ready}/{obs.domains} domain pods bound and ready",
+            gen,
+            prev,
+            now,
+        )
     elif obs.bound < obs.domains and obs.unschedulable:
-        ready = condition("Ready", False, "Unschedulable",
-                          f"{obs.bound}/{obs.domains} domain pods bound: {obs.unschedulable}",
-                          gen, prev, now)
+        ready = condition(
+            "Ready",
+            False,
+            "Unschedulable",
+            f"{obs.bound}/{obs.domains} domain pods bound: {obs.unschedulable}",
+            gen,
+            prev,
+            now,
+        )
     else:
-        ready = condition("Ready", False, "PodsPending",
-                          f"{obs.ready}/{obs.domains} domain pods ready ({obs.bound} bound)",
-                          gen, prev, now)
+        ready = condition(
+            "Ready",
+            False,
+            "PodsPending",
+            f"{obs.ready}/{obs.domains} domain pods ready ({obs.bound} bound)",
+            gen,
+            prev,
+            now,
+        )
 
     # Progressing
     if pool.transitions:
         t = pool.transitions[0]
         progressing = condition(
-            "Progressing", True, t.phase.value,
+            "Progressing",
+            True,
+            t.phase.value,
             f"{len(pool.transitions)} transition(s) in flight; transition {t.id} ({t.kind} of "
-            f"{list(t.members)}) is {t.phase.value}", gen, prev, now)
+            f"{list(t.members)}) is {t.phase.value}",
+            gen,
+            prev,
+            now,
+        )
     elif not obs.all_ready and not ready_problem and not gang_problem:
         progressing = condition("Progressing", True, "Placing", ready["message"], gen, prev, now)
     else:
-        progressing = condition("Progressing", False, "Stable", "no transition in flight", gen, prev, now)
+        progressing = condition(
+            "Progressing", False, "Stable", "no transition in flight", gen, prev, now
+        )
 
     # Degraded
     degraded_problems = by_kind.get("Degraded", [])
     if degraded_problems:
-        degraded = condition("Degraded", True, degraded_problems[0].reason,
-                             "; ".join(p.message for p in degraded_problems), gen, prev, now)
+        degraded = condition(
+            "Degraded",
+            True,
+            degraded_problems[0].reason,
+            "; ".join(p.message for p in degraded_problems),
+            gen,
+            prev,
+            now,
+        )
     else:
-        degraded = condition("Degraded", False, "AsSpecified", "the pool runs as specified", gen, prev, now)
+        degraded = condition(
+            "Degraded", False, "AsSpecified", "the pool runs as specified", gen, prev, now
+        )
     gang = condition("GangScheduled", gang_ok, gang_reason or "Unknown", gang_msg, gen, prev, now)
 
     if pool.transitions:
@@ -165,7 +223,12 @@ def build_status(record: Record, obs: Observation, previous_conditions: Sequence
         phase = "Degraded"
     elif obs.all_ready:
         phase = "Degraded" if degraded_problems else "Ready"
-    elif gang_problem or ready["reason"] == "Unschedulable" or gang_ok is False and gang_reason == "Unschedulable":
+    elif (
+        gang_problem
+        or ready["reason"] == "Unschedulable"
+        or gang_ok is False
+        and gang_reason == "Unschedulable"
+    ):
         phase = "Unschedulable"
     else:
         phase = "Pending"
@@ -199,8 +262,14 @@ def build_status(record: Record, obs: Observation, previous_conditions: Sequence
 class StatusStore:
     """Writes the status (view + record) with a resourceVersion precondition."""
 
-    def __init__(self, kube: KubeClient, namespace: str, name: str,
-                 view: Callable[[Record], dict[str, Any]], resource_version: str) -> None:
+    def __init__(
+        self,
+        kube: KubeClient,
+        namespace: str,
+        name: str,
+        view: Callable[[Record], dict[str, Any]],
+        resource_version: str,
+    ) -> None:
         self.kube = kube
         self.path = object_path(f"{GROUP}/{VERSION}", PLURAL, namespace, name)
         self.view = view

@@ -97,8 +97,11 @@ class TransitionRunner:
 
     async def _write(self, record: Record) -> None:
         """Persist ``record`` (seq bumped) and make it current. Call under the lock."""
-        record = replace(record, seq=self.record.seq + 1,
-                         controller=None if self.controller is None else self.controller.state)
+        record = replace(
+            record,
+            seq=self.record.seq + 1,
+            controller=None if self.controller is None else self.controller.state,
+        )
         await self.store.write(record)
         self.record = record
 
@@ -237,7 +240,9 @@ class TransitionRunner:
                 current = None
 
     async def _drain(self, action: tr.Drain) -> tr.Action | None:
-        results = await asyncio.gather(*(self._drain_one(action.transition, w) for w in action.workers))
+        results = await asyncio.gather(
+            *(self._drain_one(action.transition, w) for w in action.workers)
+        )
         switches = [a for r in results for a in r]
         return switches[0] if switches else None
 

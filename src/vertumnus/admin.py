@@ -28,14 +28,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         v = verbs.add_parser(name, help=text, description=text)
         v.add_argument("--target", required=True, metavar="HOST:PORT", help="the router's address")
         v.add_argument("--json", action="store_true", help="print the answer as JSON")
-        v.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (default %(default)s)")
+        v.add_argument(
+            "--timeout", type=float, default=60.0, help="seconds to wait (default %(default)s)"
+        )
         v.set_defaults(func=cmd_admin)
         return v
 
     verb("pool", "the pool's workers, composition, epoch and transitions")
-    for name, text in (("drain", "stop admitting at a worker and place its queue elsewhere"),
-                       ("resume", "admit requests at a drained worker again"),
-                       ("split", "split a worker into its two halves")):
+    for name, text in (
+        ("drain", "stop admitting at a worker and place its queue elsewhere"),
+        ("resume", "admit requests at a drained worker again"),
+        ("split", "split a worker into its two halves"),
+    ):
         verb(name, text).add_argument("worker", type=int, help="the worker's id")
     m = verb("merge", "merge two buddy workers into one")
     m.add_argument("a", type=int, help="one worker's id")
@@ -55,12 +59,18 @@ def _call(args: argparse.Namespace) -> Any:
         if cmd == "pool":
             return stub.GetPool(pool_pb2.GetPoolRequest(), timeout=t)
         if cmd in ("drain", "resume"):
-            return stub.Drain(pool_pb2.DrainRequest(worker=args.worker, resume=cmd == "resume"), timeout=t)
+            return stub.Drain(
+                pool_pb2.DrainRequest(worker=args.worker, resume=cmd == "resume"), timeout=t
+            )
         if cmd == "split":
-            return stub.Reconfigure(pool_pb2.ReconfigureRequest(split=args.worker, reason="vertumnus admin"), timeout=t)
+            return stub.Reconfigure(
+                pool_pb2.ReconfigureRequest(split=args.worker, reason="vertumnus admin"), timeout=t
+            )
         if cmd == "merge":
             pair = pool_pb2.MergePair(a=args.a, b=args.b)
-            return stub.Reconfigure(pool_pb2.ReconfigureRequest(merge=pair, reason="vertumnus admin"), timeout=t)
+            return stub.Reconfigure(
+                pool_pb2.ReconfigureRequest(merge=pair, reason="vertumnus admin"), timeout=t
+            )
         return stub.Scan(pool_pb2.ScanRequest(), timeout=t)
 
 
@@ -74,7 +84,9 @@ def cmd_admin(args: argparse.Namespace) -> int:
         code = e.code()  # type: ignore[attr-defined]
         print(f"vertumnus: error: {code.name}: {e.details()}", file=sys.stderr)  # type: ignore[attr-defined]
         return 1 if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) else 2
-    doc = MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    doc = MessageToDict(
+        reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
     if args.json:
         print(json.dumps(doc, indent=2))
     elif args.admin_cmd == "pool":
@@ -99,5 +111,7 @@ def _pool_table(doc: dict[str, Any]) -> str:
             f"{w['outstanding_seconds']:8.3f}  {w['queued']:>6}  {w['running']:>3}  {w['cached_blocks']:>7}  {w['address']}"
         )
     for t in doc["transitions"]:
-        lines.append(f"transition {t['id']}: {t['kind']} {t['removed']} -> {t['added']} ({t['phase']})")
+        lines.append(
+            f"transition {t['id']}: {t['kind']} {t['removed']} -> {t['added']} ({t['phase']})"
+        )
     return "\n".join(lines)

@@ -58,7 +58,9 @@ def _number(kind: type, minimum: float, strict: bool):
         try:
             v = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"not {'an integer' if kind is int else 'a number'}: {text!r}"
+            ) from None
         if v < minimum or (strict and v == minimum):
             raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
         return v
@@ -80,7 +82,10 @@ def _kinds_epilog() -> str:
 
     width = max(map(len, KINDS))
     lines = [f"  {name.ljust(width)}  {kind.description}" for name, kind in KINDS.items()]
-    return "policy kinds (KIND:COMPOSITION, e.g. vertumnus:4xCP4+3xCP8; adaptive kinds take none):\n" + "\n".join(lines)
+    return (
+        "policy kinds (KIND:COMPOSITION, e.g. vertumnus:4xCP4+3xCP8; adaptive kinds take none):\n"
+        + "\n".join(lines)
+    )
 
 
 def _add_simulate(sub: argparse._SubParsersAction) -> None:
@@ -95,25 +100,88 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
             "(e.g. vertumnus:4xCP4+3xCP8) or a kind that picks its own composition."
         ),
     )
-    p.add_argument("--trace", default="synthetic", help="synthetic[:KEY=VAL,...] | PATH.jsonl (Mooncake) | PATH.csv (Azure); default: synthetic")
-    p.add_argument("--gpus", type=_positive_int, default=40, help="GPU budget of the pool (default 40)")
-    p.add_argument("--compare", default=DEFAULT_COMPARE, help="comma-separated POLICY list (default: the five fixed-pool baselines on 4xCP4+3xCP8)")
-    p.add_argument("--rate-scale", type=_positive_float, default=1.0, help="compress arrivals by X (2 = twice the request rate)")
-    p.add_argument("--phases", default=None, help="reshape the trace into workload phases (see docs: vertumnus.sim.phases)")
-    p.add_argument("--seed", type=int, default=0, help="seed for the synthetic generator and phase resampling")
-    p.add_argument("--profile", default=None, help="prefill-time profile: bundled name or .json path (default qwen3-30b-a3b/h200)")
-    p.add_argument("--block-size", type=_positive_int, default=None, help="tokens per cache block (default: the trace's, 512)")
-    p.add_argument("--cache-blocks-per-gpu", type=_nonneg_int, default=1000, help="prefix-cache capacity per GPU in blocks (default 1000)")
-    p.add_argument("--t-ext", type=_nonneg_float, default=0.05, help="T_ext seconds added to every TTFT (KV transfer + first token; default 0.05)")
-    p.add_argument("--beta", type=float, default=None, help="placement beta when no worker has a queue (>= 1)")
-    p.add_argument("--beta-busy", type=float, default=None, help="placement beta when every worker has a queue (>= beta; = beta for a fixed beta)")
+    p.add_argument(
+        "--trace",
+        default="synthetic",
+        help="synthetic[:KEY=VAL,...] | PATH.jsonl (Mooncake) | PATH.csv (Azure); default: synthetic",
+    )
+    p.add_argument(
+        "--gpus", type=_positive_int, default=40, help="GPU budget of the pool (default 40)"
+    )
+    p.add_argument(
+        "--compare",
+        default=DEFAULT_COMPARE,
+        help="comma-separated POLICY list (default: the five fixed-pool baselines on 4xCP4+3xCP8)",
+    )
+    p.add_argument(
+        "--rate-scale",
+        type=_positive_float,
+        default=1.0,
+        help="compress arrivals by X (2 = twice the request rate)",
+    )
+    p.add_argument(
+        "--phases",
+        default=None,
+        help="reshape the trace into workload phases (see docs: vertumnus.sim.phases)",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed for the synthetic generator and phase resampling"
+    )
+    p.add_argument(
+        "--profile",
+        default=None,
+        help="prefill-time profile: bundled name or .json path (default qwen3-30b-a3b/h200)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=_positive_int,
+        default=None,
+        help="tokens per cache block (default: the trace's, 512)",
+    )
+    p.add_argument(
+        "--cache-blocks-per-gpu",
+        type=_nonneg_int,
+        default=1000,
+        help="prefix-cache capacity per GPU in blocks (default 1000)",
+    )
+    p.add_argument(
+        "--t-ext",
+        type=_nonneg_float,
+        default=0.05,
+        help="T_ext seconds added to every TTFT (KV transfer + first token; default 0.05)",
+    )
+    p.add_argument(
+        "--beta", type=float, default=None, help="placement beta when no worker has a queue (>= 1)"
+    )
+    p.add_argument(
+        "--beta-busy",
+        type=float,
+        default=None,
+        help="placement beta when every worker has a queue (>= beta; = beta for a fixed beta)",
+    )
     p.add_argument("--lambda", dest="lam", type=float, default=None, help="placement lambda (>= 0)")
-    p.add_argument("--planner", default=None, help="vertumnus-adaptive's controller settings, NAME=VALUE,... (e.g. window_s=30,persist_windows=3,degrees=2/4/8); see PlannerSettings")
-    p.add_argument("--slo-scale", type=_positive_float, default=5.0, help="SLO: tau = max(floor, scale x isolated prefill on the largest degree); default 5")
-    p.add_argument("--slo-floor", type=_nonneg_float, default=2.0, help="SLO floor in seconds (default 2)")
+    p.add_argument(
+        "--planner",
+        default=None,
+        help="vertumnus-adaptive's controller settings, NAME=VALUE,... (e.g. window_s=30,persist_windows=3,degrees=2/4/8); see PlannerSettings",
+    )
+    p.add_argument(
+        "--slo-scale",
+        type=_positive_float,
+        default=5.0,
+        help="SLO: tau = max(floor, scale x isolated prefill on the largest degree); default 5",
+    )
+    p.add_argument(
+        "--slo-floor", type=_nonneg_float, default=2.0, help="SLO floor in seconds (default 2)"
+    )
     p.add_argument("--json", dest="json_out", default=None, help="write results as JSON here")
     p.add_argument("--plot", default=None, help="write a TTFT-over-time plot (PNG) here")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar (default: when stderr is a terminal)")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar (default: when stderr is a terminal)",
+    )
     p.set_defaults(func=cmd_simulate)
 
 
@@ -186,7 +254,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             bar.close()
     print(report.table(runs))
     meta = {
-        "trace": {"name": trace.name, "requests": len(trace), "duration_s": trace.duration_s, "rate_scale": args.rate_scale},
+        "trace": {
+            "name": trace.name,
+            "requests": len(trace),
+            "duration_s": trace.duration_s,
+            "rate_scale": args.rate_scale,
+        },
         "settings": {
             "profile": model.name,
             "gpus": args.gpus,
@@ -203,7 +276,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         report.write_json(runs, meta, args.json_out)
         print(f"wrote {args.json_out}", file=sys.stderr)
     if args.plot:
-        report.plot(runs, args.plot, f"{trace.name}, rate scale {args.rate_scale:g}, {args.gpus} GPUs")
+        report.plot(
+            runs, args.plot, f"{trace.name}, rate scale {args.rate_scale:g}, {args.gpus} GPUs"
+        )
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
@@ -218,9 +293,13 @@ def _add_fit(sub: argparse._SubParsersAction) -> None:
         description="Fit E_C(R,P) = d_C + a*R + b*P + (c*R + alpha*W(R,P))/C by non-negative least squares.",
     )
     p.add_argument("profile", help="CSV with header degree,uncached_tokens,cached_tokens,seconds")
-    p.add_argument("--name", default=None, help="name of the fitted profile (default: the file's stem)")
+    p.add_argument(
+        "--name", default=None, help="name of the fitted profile (default: the file's stem)"
+    )
     p.add_argument("--out", default=None, help="write the fitted profile (JSON) here")
-    p.add_argument("--json", dest="json_out", default=None, help="write coefficients and errors as JSON here")
+    p.add_argument(
+        "--json", dest="json_out", default=None, help="write coefficients and errors as JSON here"
+    )
     p.set_defaults(func=cmd_fit)
 
 
@@ -232,10 +311,14 @@ def cmd_fit(args: argparse.Namespace) -> int:
     result = fit_profile(rows, name=args.name or Path(args.profile).stem)
     m = result.model
     print(f"profile {m.name}: {len(rows)} measurements, degrees {', '.join(map(str, m.degrees))}")
-    print(f"  alpha = {m.alpha:.4g} s/pair   c = {m.c:.4g} s/token   b = {m.b:.4g} s/cached token   a = {m.a[m.degrees[0]]:.4g} s/token")
+    print(
+        f"  alpha = {m.alpha:.4g} s/pair   c = {m.c:.4g} s/token   b = {m.b:.4g} s/cached token   a = {m.a[m.degrees[0]]:.4g} s/token"
+    )
     print("  degree   d_C (ms)   rows   MAPE")
     for deg in m.degrees:
-        print(f"  {deg:>6}   {m.d[deg] * 1e3:8.3f}   {result.rows_by_degree[deg]:4d}   {result.mape_by_degree[deg] * 100:5.2f} %")
+        print(
+            f"  {deg:>6}   {m.d[deg] * 1e3:8.3f}   {result.rows_by_degree[deg]:4d}   {result.mape_by_degree[deg] * 100:5.2f} %"
+        )
     print(f"  overall MAPE {result.mape * 100:.2f} %")
     if args.out:
         save_model(m, args.out)
@@ -260,7 +343,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 def _add_trace_stats(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("trace-stats", help="statistics of a trace")
-    p.add_argument("trace", nargs="?", default="synthetic", help="synthetic[:...] | PATH.jsonl | PATH.csv")
+    p.add_argument(
+        "trace", nargs="?", default="synthetic", help="synthetic[:...] | PATH.jsonl | PATH.csv"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_trace_stats)
 
@@ -330,8 +415,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             from vertumnus.operator.__main__ import main as operator_main
         except ModuleNotFoundError as e:
-            print(f"vertumnus: error: `vertumnus operator` needs {e.name}; install the 'operator' extra: "
-                  "pip install 'vertumnus[operator]'", file=sys.stderr)
+            print(
+                f"vertumnus: error: `vertumnus operator` needs {e.name}; install the 'operator' extra: "
+                "pip install 'vertumnus[operator]'",
+                file=sys.stderr,
+            )
             return 2
         return int(operator_main(argv[1:]))
     parser = build_parser()

@@ -34,14 +34,23 @@ async def run_demo(running: Any, stop: asyncio.Event, json_out: str | None) -> i
     trace = load_trace(DEMO_TRACE, seed=0)
     requests = list(trace.requests)
     duration = requests[-1].arrival_s - requests[0].arrival_s
-    print(f"demo: {len(requests)} requests over {duration:.0f} s ({DEMO_TRACE}, lengths x 1/32)", flush=True)
+    print(
+        f"demo: {len(requests)} requests over {duration:.0f} s ({DEMO_TRACE}, lengths x 1/32)",
+        flush=True,
+    )
     bar = tqdm(total=len(requests), unit="req", desc="demo", file=sys.stderr)
     t_load = router.now()  # router time of the first arrival (records are relative to it)
     load = asyncio.create_task(
         run_load(
-            running.address, requests, trace_block=trace.block_size, length_scale=1 / 32,
-            vocab_size=router.vocab_size, max_tokens=router.max_tokens, keep_records=True,
-            progress=bar, id_prefix="demo",
+            running.address,
+            requests,
+            trace_block=trace.block_size,
+            length_scale=1 / 32,
+            vocab_size=router.vocab_size,
+            max_tokens=router.max_tokens,
+            keep_records=True,
+            progress=bar,
+            id_prefix="demo",
         )
     )
     steps = asyncio.create_task(_reconfigure(router, duration))
@@ -61,7 +70,14 @@ async def run_demo(running: Any, stop: asyncio.Event, json_out: str | None) -> i
     _draw(report.records, transitions, t_load, picture)
     if json_out:
         Path(json_out).write_text(
-            json.dumps({"summary": report.summary(), "transitions": transitions, "records": report.records}, indent=2)
+            json.dumps(
+                {
+                    "summary": report.summary(),
+                    "transitions": transitions,
+                    "records": report.records,
+                },
+                indent=2,
+            )
             + "\n"
         )
         print(f"demo: wrote {json_out} and {picture}")
@@ -81,7 +97,9 @@ async def _reconfigure(router: Any, duration: float) -> list[dict[str, Any]]:
 
 def _print_table(s: dict[str, Any], transitions: list[dict[str, Any]]) -> None:
     print()
-    print(f"{'requests':>9} {'failed':>7} {'mean TTFT':>10} {'P50':>8} {'P90':>8} {'P99':>8} {'hit rate':>9}")
+    print(
+        f"{'requests':>9} {'failed':>7} {'mean TTFT':>10} {'P50':>8} {'P90':>8} {'P99':>8} {'hit rate':>9}"
+    )
     print(
         f"{s['completed']:>9} {s['failed']:>7} {s['mean_ttft_s']:>9.3f}s {s['p50_ttft_s']:>7.3f}s "
         f"{s['p90_ttft_s']:>7.3f}s {s['p99_ttft_s']:>7.3f}s {s['token_hit_rate']:>9.3f}"
@@ -95,7 +113,9 @@ def _print_table(s: dict[str, Any], transitions: list[dict[str, Any]]) -> None:
         )
 
 
-def _draw(records: list[dict[str, Any]], transitions: list[dict[str, Any]], t_load: float, path: Path) -> None:
+def _draw(
+    records: list[dict[str, Any]], transitions: list[dict[str, Any]], t_load: float, path: Path
+) -> None:
     try:
         import matplotlib
 
@@ -106,8 +126,14 @@ def _draw(records: list[dict[str, Any]], transitions: list[dict[str, Any]], t_lo
         return
     ok = [r for r in records if "ttft_s" in r]
     fig, ax = plt.subplots(figsize=(9, 4))
-    ax.scatter([r["arrival_s"] for r in ok], [r["ttft_s"] for r in ok], s=6, alpha=0.6,
-               c=[r["degree"] for r in ok], cmap="viridis")
+    ax.scatter(
+        [r["arrival_s"] for r in ok],
+        [r["ttft_s"] for r in ok],
+        s=6,
+        alpha=0.6,
+        c=[r["degree"] for r in ok],
+        cmap="viridis",
+    )
     for t in transitions:
         ax.axvline(t["started_s"] - t_load, color="red" if t["kind"] == "split" else "blue", lw=1)
     ax.set_xlabel("arrival (s)")

@@ -98,7 +98,9 @@ class LoadReport:
             "p99_ttft_s": float(np.percentile(t, 99)),
             "router_mean_ttft_s": float(r.mean()),
             "router_p90_ttft_s": float(np.percentile(r, 90)),
-            "token_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else math.nan,
+            "token_hit_rate": self.cached_tokens / self.prompt_tokens
+            if self.prompt_tokens
+            else math.nan,
             "wall_s": self.wall_s,
             "throughput_rps": self.completed / self.wall_s if self.wall_s > 0 else 0.0,
         }
@@ -124,7 +126,9 @@ async def run_load(
 
     report = LoadReport(target)
     memo: dict[int, list[int]] = {}
-    tokens = [request_tokens(r, trace_block, length_scale, vocab_size, max_tokens, memo) for r in requests]
+    tokens = [
+        request_tokens(r, trace_block, length_scale, vocab_size, max_tokens, memo) for r in requests
+    ]
     channel = grpc.aio.insecure_channel(target)
     stub = pool_pb2_grpc.PrefillStub(channel)
     loop = asyncio.get_running_loop()
@@ -139,7 +143,8 @@ async def run_load(
         report.sent += 1
         try:
             reply = await stub.Prefill(
-                pool_pb2.PrefillRequest(request_id=f"{id_prefix}-{r.id}", token_ids=toks), timeout=timeout_s
+                pool_pb2.PrefillRequest(request_id=f"{id_prefix}-{r.id}", token_ids=toks),
+                timeout=timeout_s,
             )
         except grpc.aio.AioRpcError as e:
             name = e.code().name
@@ -158,13 +163,23 @@ async def run_load(
             report.prompt_tokens += len(toks)
             report.cached_tokens += reply.cached_tokens
             if keep_records:
-                report.records.append({
-                    "id": r.id, "arrival_s": r.arrival_s - first, "tokens": len(toks), "ttft_s": ttft,
-                    "router_ttft_s": reply.ttft_seconds, "worker": reply.worker, "degree": reply.degree,
-                    "cached_tokens": reply.cached_tokens, "queue_s": reply.queue_seconds,
-                    "execution_s": reply.execution_seconds, "attempts": reply.attempts,
-                    "epoch": reply.epoch, "predicted_s": reply.predicted_seconds,
-                })
+                report.records.append(
+                    {
+                        "id": r.id,
+                        "arrival_s": r.arrival_s - first,
+                        "tokens": len(toks),
+                        "ttft_s": ttft,
+                        "router_ttft_s": reply.ttft_seconds,
+                        "worker": reply.worker,
+                        "degree": reply.degree,
+                        "cached_tokens": reply.cached_tokens,
+                        "queue_s": reply.queue_seconds,
+                        "execution_s": reply.execution_seconds,
+                        "attempts": reply.attempts,
+                        "epoch": reply.epoch,
+                        "predicted_s": reply.predicted_seconds,
+                    }
+                )
         if progress is not None:
             progress.update(1)
 
@@ -195,19 +210,49 @@ def register(sub: Any) -> None:
         ),
     )
     p.add_argument("--target", required=True, metavar="HOST:PORT", help="the router's address")
-    p.add_argument("--trace", default="synthetic", help="synthetic[:KEY=VAL,...] | PATH.jsonl | PATH.csv (default synthetic)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic generator (default 0)")
-    p.add_argument("--rate-scale", type=float, default=1.0, help="compress arrivals by X (default 1)")
+    p.add_argument(
+        "--trace",
+        default="synthetic",
+        help="synthetic[:KEY=VAL,...] | PATH.jsonl | PATH.csv (default synthetic)",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the synthetic generator (default 0)"
+    )
+    p.add_argument(
+        "--rate-scale", type=float, default=1.0, help="compress arrivals by X (default 1)"
+    )
     p.add_argument("--requests", type=int, default=None, help="send only the first N requests")
-    p.add_argument("--length-scale", type=float, default=1 / 32,
-                   help="prompt lengths times this (default 1/32: a 512-token trace block becomes a 16-token engine block)")
-    p.add_argument("--vocab", type=int, default=256, help="the engines' vocabulary size (default 256, the tiny model)")
-    p.add_argument("--max-tokens", type=int, default=8192, help="longest prompt sent (default 8192)")
-    p.add_argument("--timeout", type=float, default=120.0, help="each request's deadline in seconds (default 120)")
+    p.add_argument(
+        "--length-scale",
+        type=float,
+        default=1 / 32,
+        help="prompt lengths times this (default 1/32: a 512-token trace block becomes a 16-token engine block)",
+    )
+    p.add_argument(
+        "--vocab",
+        type=int,
+        default=256,
+        help="the engines' vocabulary size (default 256, the tiny model)",
+    )
+    p.add_argument(
+        "--max-tokens", type=int, default=8192, help="longest prompt sent (default 8192)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="each request's deadline in seconds (default 120)",
+    )
     p.add_argument("--json", dest="json_out", required=True, help="write the report here")
-    p.add_argument("--records", action="store_true", help="include one record per request in the JSON")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar (default: when stderr is a terminal)")
+    p.add_argument(
+        "--records", action="store_true", help="include one record per request in the JSON"
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar (default: when stderr is a terminal)",
+    )
     p.set_defaults(func=cmd_load)
 
 
@@ -232,9 +277,15 @@ def cmd_load(args: Any) -> int:
     try:
         report = asyncio.run(
             run_load(
-                args.target, requests, trace_block=trace.block_size, length_scale=args.length_scale,
-                vocab_size=args.vocab, max_tokens=args.max_tokens, timeout_s=args.timeout,
-                keep_records=args.records, progress=bar,
+                args.target,
+                requests,
+                trace_block=trace.block_size,
+                length_scale=args.length_scale,
+                vocab_size=args.vocab,
+                max_tokens=args.max_tokens,
+                timeout_s=args.timeout,
+                keep_records=args.records,
+                progress=bar,
             )
         )
     finally:

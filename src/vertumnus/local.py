@@ -112,7 +112,9 @@ class LocalPool:
         ]
         busy = [f"{what} port {port}" for what, port in wanted if port and not _free(s.host, port)]
         if busy:
-            raise OSError(f"ports in use: {', '.join(busy)} (another pool running? pick others with --port/--engine-port)")
+            raise OSError(
+                f"ports in use: {', '.join(busy)} (another pool running? pick others with --port/--engine-port)"
+            )
 
     def start_engines(self) -> None:
         s = self.spec
@@ -121,14 +123,24 @@ class LocalPool:
             offsets = [sum(degrees[:i]) for i in range(len(degrees))]
             ids = [d * s.ranks + o for o in offsets]
             cmd = [
-                sys.executable, "-m", "vertumnus", "serve",
-                "--ranks", str(s.ranks),
-                "--degrees", ",".join(map(str, degrees)),
-                "--base-port", str(s.engine_port + d * s.ranks),
-                "--block-size", str(s.block_size),
-                "--num-blocks", str(s.num_blocks),
-                "--max-tokens", str(s.max_tokens),
-                "--worker-ids", ",".join(map(str, ids)),
+                sys.executable,
+                "-m",
+                "vertumnus",
+                "serve",
+                "--ranks",
+                str(s.ranks),
+                "--degrees",
+                ",".join(map(str, degrees)),
+                "--base-port",
+                str(s.engine_port + d * s.ranks),
+                "--block-size",
+                str(s.block_size),
+                "--num-blocks",
+                str(s.num_blocks),
+                "--max-tokens",
+                str(s.max_tokens),
+                "--worker-ids",
+                ",".join(map(str, ids)),
             ]
             log = (self.logs / f"engine-{d}.log").open("wb")
             self.engines.append(
@@ -138,14 +150,29 @@ class LocalPool:
     def start_redis(self) -> str:
         exe = shutil.which("redis-server")
         if exe is None:
-            raise OSError("--redis needs redis-server (Debian: apt-get install redis-server), or use --redis-url")
+            raise OSError(
+                "--redis needs redis-server (Debian: apt-get install redis-server), or use --redis-url"
+            )
         with socket.socket() as sock:
             sock.bind((self.spec.host, 0))
             port = sock.getsockname()[1]
         self.redis = subprocess.Popen(
-            [exe, "--port", str(port), "--bind", self.spec.host, "--save", "", "--appendonly", "no",
-             "--dir", str(self.logs)],
-            stdout=(self.logs / "redis.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                exe,
+                "--port",
+                str(port),
+                "--bind",
+                self.spec.host,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.logs),
+            ],
+            stdout=(self.logs / "redis.log").open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         return f"redis://{self.spec.host}:{port}/0"
 
@@ -174,7 +201,9 @@ class LocalPool:
 
             store = redis_store_for(redis_url, settings.pool, s.profile)
         try:
-            self.running = await start_router(settings, self.engine_addresses(), store=store, discover_timeout_s=120.0)
+            self.running = await start_router(
+                settings, self.engine_addresses(), store=store, discover_timeout_s=120.0
+            )
         except BaseException:
             self.stop_processes()
             raise
@@ -271,20 +300,55 @@ def register(sub: Any) -> None:
             "run until Ctrl-C. --demo drives a minute of traffic through it with one split and one merge."
         ),
     )
-    p.add_argument("--composition", default="2xCP2+1xCP4", help="the workers, e.g. 2xCP2+1xCP4 (default)")
-    p.add_argument("--ranks", type=int, default=8, help="CPU ranks per engine (an NVLink domain; default 8)")
-    p.add_argument("--host", default="127.0.0.1", help="address everything listens on (default 127.0.0.1)")
+    p.add_argument(
+        "--composition", default="2xCP2+1xCP4", help="the workers, e.g. 2xCP2+1xCP4 (default)"
+    )
+    p.add_argument(
+        "--ranks", type=int, default=8, help="CPU ranks per engine (an NVLink domain; default 8)"
+    )
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address everything listens on (default 127.0.0.1)"
+    )
     p.add_argument("--port", type=int, default=50050, help="the router's port (default 50050)")
-    p.add_argument("--metrics-port", type=int, default=9464, help="/metrics port (default 9464; 0 for none)")
-    p.add_argument("--engine-port", type=int, default=50100, help="first engine port (default 50100)")
-    p.add_argument("--profile", default="cpu-tiny", help="prefill-time profile for placement (default cpu-tiny)")
-    p.add_argument("--no-controller", action="store_true", help="no composition controller (fixed composition)")
+    p.add_argument(
+        "--metrics-port", type=int, default=9464, help="/metrics port (default 9464; 0 for none)"
+    )
+    p.add_argument(
+        "--engine-port", type=int, default=50100, help="first engine port (default 50100)"
+    )
+    p.add_argument(
+        "--profile",
+        default="cpu-tiny",
+        help="prefill-time profile for placement (default cpu-tiny)",
+    )
+    p.add_argument(
+        "--no-controller", action="store_true", help="no composition controller (fixed composition)"
+    )
     store = p.add_mutually_exclusive_group()
-    store.add_argument("--redis", action="store_true", help="start a redis-server for the prefix index and load")
-    store.add_argument("--redis-url", default=None, help="use this Redis (password from VERTUMNUS_REDIS_PASSWORD(_FILE))")
-    p.add_argument("--demo", action="store_true", help="drive a minute of traffic with a split and a merge, then stop")
-    p.add_argument("--demo-json", default=None, help="with --demo: write the results here (and a .png beside it)")
-    p.add_argument("--log-format", choices=("json", "text"), default="text", help="router log lines (default text)")
+    store.add_argument(
+        "--redis", action="store_true", help="start a redis-server for the prefix index and load"
+    )
+    store.add_argument(
+        "--redis-url",
+        default=None,
+        help="use this Redis (password from VERTUMNUS_REDIS_PASSWORD(_FILE))",
+    )
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help="drive a minute of traffic with a split and a merge, then stop",
+    )
+    p.add_argument(
+        "--demo-json",
+        default=None,
+        help="with --demo: write the results here (and a .png beside it)",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=("json", "text"),
+        default="text",
+        help="router log lines (default text)",
+    )
     p.set_defaults(func=cmd_up)
 
 
@@ -294,9 +358,16 @@ def cmd_up(args: Any) -> int:
     try:
         composition = Composition.parse(args.composition)
         spec = PoolSpec(
-            composition=composition, ranks=args.ranks, host=args.host, port=args.port,
-            metrics_port=args.metrics_port, engine_port=args.engine_port, profile=args.profile,
-            controller=not args.no_controller, redis=args.redis, redis_url=args.redis_url,
+            composition=composition,
+            ranks=args.ranks,
+            host=args.host,
+            port=args.port,
+            metrics_port=args.metrics_port,
+            engine_port=args.engine_port,
+            profile=args.profile,
+            controller=not args.no_controller,
+            redis=args.redis,
+            redis_url=args.redis_url,
         )
         engine_degrees(composition, args.ranks)
         for port, what in ((args.port, "--port"), (args.engine_port, "--engine-port")):

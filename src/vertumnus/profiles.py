@@ -51,7 +51,11 @@ def load_model(name_or_path: str = DEFAULT_PROFILE) -> PrefillModel:
             raise ProfileError(f"{path}: cannot read profile ({e.strerror})") from None
         source = str(path)
     else:
-        res = resources.files("vertumnus.data") / "profiles" / (name_or_path.replace("/", "_") + ".json")
+        res = (
+            resources.files("vertumnus.data")
+            / "profiles"
+            / (name_or_path.replace("/", "_") + ".json")
+        )
         if not res.is_file():
             raise ProfileError(
                 f"unknown profile {name_or_path!r}; bundled: {', '.join(bundled_profiles())} "
@@ -69,7 +73,11 @@ def load_model(name_or_path: str = DEFAULT_PROFILE) -> PrefillModel:
 
 def capacity_file(profile_name: str) -> Any:
     """Where the bundled capacity profile of ``profile_name`` lives (a resource path)."""
-    return resources.files("vertumnus.data") / "profiles" / (profile_name.replace("/", "_") + ".capacity.json")
+    return (
+        resources.files("vertumnus.data")
+        / "profiles"
+        / (profile_name.replace("/", "_") + ".capacity.json")
+    )
 
 
 def load_capacity(name_or_path: str) -> CapacityProfile:
@@ -121,7 +129,9 @@ def read_profile_csv(path: str | Path) -> list[ProfileRow]:
         reader = csv.reader(handle)
         header = next(reader, None)
         if header is None or tuple(h.strip() for h in header) != PROFILE_COLUMNS:
-            raise ProfileError(f"{path}:1: expected header {','.join(PROFILE_COLUMNS)}, got {header}")
+            raise ProfileError(
+                f"{path}:1: expected header {','.join(PROFILE_COLUMNS)}, got {header}"
+            )
         for lineno, rec in enumerate(reader, start=2):
             if not rec or all(not f.strip() for f in rec):
                 continue

@@ -40,7 +40,11 @@ def test_lex_select_and_dense_batches_match_a_sort(seed: int) -> None:
     head = next(gen, None)
     while head is not None:
         out.extend(head.tolist())
-        head = gen.send(rng.choice((None, rng.randint(1, 50))) if out else None) if len(out) < len(visible) else None
+        head = (
+            gen.send(rng.choice((None, rng.randint(1, 50))) if out else None)
+            if len(out) < len(visible)
+            else None
+        )
     assert out == visible
 
 

@@ -71,24 +71,27 @@ class _RefRanking:
                 if r == 0 and m_ > s.theta_inter and (key, c) not in covered and fp is not None:
                     score = m_ / fp
                     inter.append(
-                        ((-score, fp, -node.depth, key, c), Candidate(
-                            "inter", key, c, 0, score, fp, node.depth
-                        ))
+                        (
+                            (-score, fp, -node.depth, key, c),
+                            Candidate("inter", key, c, 0, score, fp, node.depth),
+                        )
                     )
                 if r > 0 and a > r * s.theta_intra and (key, c) not in covered and fp is not None:
                     score = a / r
                     tol = s.tie_tolerance
                     band = math.floor(math.log(score) / math.log1p(tol)) if tol > 0 else score
                     intra.append(
-                        ((-band, fp, -score, key, c), Candidate(
-                            "intra", key, c, r, score, fp, node.depth
-                        ))
+                        (
+                            (-band, fp, -score, key, c),
+                            Candidate("intra", key, c, r, score, fp, node.depth),
+                        )
                     )
                 if r >= s.reclaim_min_replicas and a < r * s.theta_reclaim:
                     reclaim.append(
-                        ((a / r, -node.depth, key, c), Candidate(
-                            "reclaim", key, c, r, a / r, 0, node.depth
-                        ))
+                        (
+                            (a / r, -node.depth, key, c),
+                            Candidate("reclaim", key, c, r, a / r, 0, node.depth),
+                        )
                     )
         self.inter_list = [x for _, x in sorted(inter, key=lambda t: t[0])]
         self.intra_list = [x for _, x in sorted(intra, key=lambda t: t[0])]

@@ -155,7 +155,10 @@ def test_copies_and_reclaims_across_reconfigurations(model) -> None:
     literal = CacheManagerSettings(**{**EAGER.__dict__, "reclaim_for_room_only": False})
     mgr = CacheManager(literal)
     sim = build_adaptive(
-        trace, model, opts, lambda pool: Simulation(pool, CostModelPolicy(opts.placement), cache_manager=mgr)
+        trace,
+        model,
+        opts,
+        lambda pool: Simulation(pool, CostModelPolicy(opts.placement), cache_manager=mgr),
     )
     attach_cache_manager(sim)
     result = sim.run(trace.requests)

@@ -11,20 +11,38 @@ from vertumnus.cli import main
 
 
 def run(*argv):
-    return subprocess.run([sys.executable, "-m", "vertumnus", *argv], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "vertumnus", *argv], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_simulate_writes_json_and_plot(tmp_path):
     out, png = tmp_path / "o.json", tmp_path / "o.png"
-    rc = main([
-        "simulate", "--trace", "synthetic:duration_s=60", "--compare",
-        "vertumnus:4xCP4+3xCP8,round-robin:4xCP4+3xCP8", "--json", str(out), "--plot", str(png),
-    ])
+    rc = main(
+        [
+            "simulate",
+            "--trace",
+            "synthetic:duration_s=60",
+            "--compare",
+            "vertumnus:4xCP4+3xCP8,round-robin:4xCP4+3xCP8",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+        ]
+    )
     assert rc == 0
     data = json.loads(out.read_text())
     assert set(data["policies"]) == {"vertumnus:4xCP4+3xCP8", "round-robin:4xCP4+3xCP8"}
     for v in data["policies"].values():
-        assert {"requests", "mean_ttft_s", "p90_ttft_s", "p99_ttft_s", "slo_attainment", "token_hit_rate"} <= set(v)
+        assert {
+            "requests",
+            "mean_ttft_s",
+            "p90_ttft_s",
+            "p99_ttft_s",
+            "slo_attainment",
+            "token_hit_rate",
+        } <= set(v)
         assert v["requests"] == data["trace"]["requests"]
     assert png.stat().st_size > 1000
 
@@ -48,7 +66,11 @@ def test_simulate_writes_json_and_plot(tmp_path):
     ],
 )
 def test_simulate_errors_are_one_clear_line(args, message):
-    p = run("simulate", "--trace", "synthetic:duration_s=5", *args) if "--trace" not in args else run("simulate", *args)
+    p = (
+        run("simulate", "--trace", "synthetic:duration_s=5", *args)
+        if "--trace" not in args
+        else run("simulate", *args)
+    )
     assert p.returncode == 2, p.stderr
     assert message in p.stderr
     assert "Traceback" not in p.stderr
@@ -56,7 +78,9 @@ def test_simulate_errors_are_one_clear_line(args, message):
 
 def test_bad_trace_line_names_file_and_line(tmp_path):
     t = tmp_path / "bad.jsonl"
-    t.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n{"timestamp": 1, "input_length": 10\n')
+    t.write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n{"timestamp": 1, "input_length": 10\n'
+    )
     p = run("simulate", "--trace", str(t))
     assert p.returncode == 2
     assert "bad.jsonl:2" in p.stderr
@@ -64,12 +88,23 @@ def test_bad_trace_line_names_file_and_line(tmp_path):
 
 def test_an_adaptive_pool_can_start_from_a_composition(tmp_path):
     out = tmp_path / "a.json"
-    rc = main([
-        "simulate", "--trace", "synthetic:duration_s=30", "--gpus", "16",
-        "--compare", "vertumnus-adaptive:2xCP8", "--json", str(out),
-    ])
+    rc = main(
+        [
+            "simulate",
+            "--trace",
+            "synthetic:duration_s=30",
+            "--gpus",
+            "16",
+            "--compare",
+            "vertumnus-adaptive:2xCP8",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
-    timeline = json.loads(out.read_text())["policies"]["vertumnus-adaptive:2xCP8"]["composition_timeline"]
+    timeline = json.loads(out.read_text())["policies"]["vertumnus-adaptive:2xCP8"][
+        "composition_timeline"
+    ]
     assert timeline[0]["composition"] == "2xCP8"
 
 
@@ -117,17 +152,36 @@ def test_fit_bad_csv_names_line(tmp_path):
 @needs(MOONCAKE)
 def test_mooncake_runs_through_the_cli(tmp_path):
     out = tmp_path / "m.json"
-    p = run("simulate", "--trace", str(MOONCAKE), "--compare", "least-work:4xCP4+3xCP8", "--rate-scale", "4", "--json", str(out))
+    p = run(
+        "simulate",
+        "--trace",
+        str(MOONCAKE),
+        "--compare",
+        "least-work:4xCP4+3xCP8",
+        "--rate-scale",
+        "4",
+        "--json",
+        str(out),
+    )
     assert p.returncode == 0, p.stderr
     assert json.loads(out.read_text())["policies"]["least-work:4xCP4+3xCP8"]["requests"] == 12031
 
 
 def test_adaptive_and_phases_through_the_cli(tmp_path):
     out = tmp_path / "a.json"
-    rc = main([
-        "simulate", "--trace", "synthetic:duration_s=240", "--phases", "60s:rate=3,long=0.3;60s:rate=0.5,long=4;repeat=2",
-        "--compare", "vertumnus-adaptive,vertumnus-nocm:4xCP4+3xCP8", "--json", str(out),
-    ])
+    rc = main(
+        [
+            "simulate",
+            "--trace",
+            "synthetic:duration_s=240",
+            "--phases",
+            "60s:rate=3,long=0.3;60s:rate=0.5,long=4;repeat=2",
+            "--compare",
+            "vertumnus-adaptive,vertumnus-nocm:4xCP4+3xCP8",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     data = json.loads(out.read_text())
     adaptive = data["policies"]["vertumnus-adaptive"]
@@ -153,9 +207,15 @@ def test_planner_settings_reach_the_adaptive_controller(tmp_path):
     for label, planner in (("default", None), ("slow", "window_s=60,persist_windows=4")):
         out = tmp_path / f"{label}.json"
         argv = [
-            "simulate", "--trace", "synthetic:duration_s=240", "--phases",
-            "60s:rate=3,long=0.3;60s:rate=0.5,long=4;repeat=2", "--compare", "vertumnus-adaptive",
-            "--json", str(out),
+            "simulate",
+            "--trace",
+            "synthetic:duration_s=240",
+            "--phases",
+            "60s:rate=3,long=0.3;60s:rate=0.5,long=4;repeat=2",
+            "--compare",
+            "vertumnus-adaptive",
+            "--json",
+            str(out),
         ]
         assert main(argv + (["--planner", planner] if planner else [])) == 0
         runs[label] = json.loads(out.read_text())["policies"]["vertumnus-adaptive"]

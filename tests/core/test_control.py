@@ -51,4 +51,7 @@ def test_reuse_weights_halve_per_window():
 def test_history_uses_the_first_seconds_and_an_ideal_cache():
     reqs = [r(0, 1536, 0.0, (1, 2, 3)), r(1, 2048, 5.0, (1, 2, 3, 4)), r(2, 100, 50.0, (9,))]
     hist = history_requests(reqs, 512, 10.0)
-    assert [(h.arrival_s, h.length, h.cached_tokens) for h in hist] == [(0.0, 1536, 0), (5.0, 2048, 1536)]
+    assert [(h.arrival_s, h.length, h.cached_tokens) for h in hist] == [
+        (0.0, 1536, 0),
+        (5.0, 2048, 1536),
+    ]

@@ -44,11 +44,15 @@ def test_profile_round_trip(model):
 
 def test_profile_missing_field_is_named():
     with pytest.raises(ValueError, match="alpha_s_per_pair"):
-        PrefillModel.from_dict({"name": "x", "c_s_per_token": 1, "degrees": {"1": {"d_s": 0, "a_s_per_token": 0}}})
+        PrefillModel.from_dict(
+            {"name": "x", "c_s_per_token": 1, "degrees": {"1": {"d_s": 0, "a_s_per_token": 0}}}
+        )
 
 
 def test_fit_recovers_exact_coefficients(model):
-    rows = synthesize_profile(model, [1024, 4096, 16384, 65536], [0, 8192], 0.0, np.random.default_rng(0))
+    rows = synthesize_profile(
+        model, [1024, 4096, 16384, 65536], [0, 8192], 0.0, np.random.default_rng(0)
+    )
     fit = fit_profile(rows)
     assert fit.model.alpha == pytest.approx(model.alpha, rel=1e-6)
     assert fit.model.c == pytest.approx(model.c, rel=1e-6)
@@ -60,7 +64,10 @@ def test_fit_recovers_exact_coefficients(model):
 
 def test_fit_with_five_percent_noise(model):
     rows = synthesize_profile(
-        model, [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072], [0, 4096, 16384, 65536], 0.05,
+        model,
+        [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072],
+        [0, 4096, 16384, 65536],
+        0.05,
         np.random.default_rng(1),
     )
     fit = fit_profile(rows)

@@ -36,7 +36,16 @@ def test_merge_takes_the_longer_match():
     assert merge_matches(None, {}) == {}
 
 
-@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 3), st.lists(st.integers(0, 4), min_size=1, max_size=5)), max_size=40))
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 30),
+            st.integers(0, 3),
+            st.lists(st.integers(0, 4), min_size=1, max_size=5),
+        ),
+        max_size=40,
+    )
+)
 def test_matches_a_naive_reference(ops):
     idx = InflightPrefixes()
     live: dict[int, tuple[int, tuple[int, ...]]] = {}

@@ -8,14 +8,18 @@ from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.placement import PlacementParams, WorkerState, candidates, place
 
 # E_C(R, P) = R ms / C: easy to compute by hand
-LINEAR = PrefillModel(name="linear", alpha=0.0, c=1e-3, b=0.0, d={1: 0.0, 2: 0.0, 4: 0.0}, a={1: 0.0, 2: 0.0, 4: 0.0})
+LINEAR = PrefillModel(
+    name="linear", alpha=0.0, c=1e-3, b=0.0, d={1: 0.0, 2: 0.0, 4: 0.0}, a={1: 0.0, 2: 0.0, 4: 0.0}
+)
 BS = 100
 
 
 def test_cache_hit_on_busy_worker_beats_idle_miss():
     busy_hit = WorkerState(0, 1, outstanding_s=0.5)
     idle_miss = WorkerState(1, 1)
-    p = place(1000, {0: 9}, [busy_hit, idle_miss], LINEAR, PlacementParams(beta=1.0, beta_busy=1.0), BS)
+    p = place(
+        1000, {0: 9}, [busy_hit, idle_miss], LINEAR, PlacementParams(beta=1.0, beta_busy=1.0), BS
+    )
     # worker 0: 0.5 + 0.1 (100 uncached tokens) = 0.6 < worker 1: 0 + 1.0
     assert p.worker == 0
     assert p.cached_tokens == 900
@@ -26,7 +30,9 @@ def test_cache_hit_on_busy_worker_beats_idle_miss():
 def test_idle_miss_beats_hit_behind_a_long_queue():
     busy_hit = WorkerState(0, 1, outstanding_s=1.0)
     idle_miss = WorkerState(1, 1)
-    p = place(1000, {0: 9}, [busy_hit, idle_miss], LINEAR, PlacementParams(beta=1.0, beta_busy=1.0), BS)
+    p = place(
+        1000, {0: 9}, [busy_hit, idle_miss], LINEAR, PlacementParams(beta=1.0, beta_busy=1.0), BS
+    )
     assert p.worker == 1  # 1.1 > 1.0
     assert p.cost == pytest.approx(1.0)
 
@@ -43,7 +49,11 @@ def test_lambda_moves_requests_between_degrees(lam, expected):
 
 def test_c_min_is_the_smallest_candidate_degree():
     # with the CP1 worker unavailable, C_min = 4 and lambda charges nothing
-    workers = [WorkerState(0, 1, available=False), WorkerState(1, 4), WorkerState(2, 4, outstanding_s=0.1)]
+    workers = [
+        WorkerState(0, 1, available=False),
+        WorkerState(1, 4),
+        WorkerState(2, 4, outstanding_s=0.1),
+    ]
     p = place(1000, {}, workers, LINEAR, PlacementParams(beta=1.0, beta_busy=1.0, lam=2.0), BS)
     assert p.worker == 1
     assert p.cost == pytest.approx(0.25)
@@ -58,9 +68,20 @@ def test_preferred_degree_ignores_queues():
 
 def test_candidates_exclude_unavailable_and_too_long_but_not_misses():
     model = PrefillModel(
-        name="m", alpha=0, c=1e-3, b=0, d={1: 0.0, 4: 0.0}, a={1: 0.0, 4: 0.0}, max_tokens_per_gpu=1000
+        name="m",
+        alpha=0,
+        c=1e-3,
+        b=0,
+        d={1: 0.0, 4: 0.0},
+        a={1: 0.0, 4: 0.0},
+        max_tokens_per_gpu=1000,
     )
-    workers = [WorkerState(0, 1), WorkerState(1, 4), WorkerState(2, 4, available=False), WorkerState(3, 2)]
+    workers = [
+        WorkerState(0, 1),
+        WorkerState(1, 4),
+        WorkerState(2, 4, available=False),
+        WorkerState(3, 2),
+    ]
     # degree 2 is not in the profile; 3000 tokens do not fit one GPU
     assert [w.id for w in candidates(workers, 3000, model)] == [1]
     assert [w.id for w in candidates(workers, 500, model)] == [0, 1]
@@ -68,7 +89,9 @@ def test_candidates_exclude_unavailable_and_too_long_but_not_misses():
 
 
 def test_fully_cached_prompt_still_computes_one_token():
-    p = place(1000, {0: 10}, [WorkerState(0, 1)], LINEAR, PlacementParams(beta=1.0, beta_busy=1.0), BS)
+    p = place(
+        1000, {0: 10}, [WorkerState(0, 1)], LINEAR, PlacementParams(beta=1.0, beta_busy=1.0), BS
+    )
     assert p.cached_tokens == 999
     assert p.estimate_s == pytest.approx(1e-3)
 
@@ -99,7 +122,11 @@ def test_params_validated():
 
 
 @given(
-    st.lists(st.tuples(st.sampled_from([1, 2, 4]), st.floats(0, 5), st.integers(0, 10)), min_size=1, max_size=8),
+    st.lists(
+        st.tuples(st.sampled_from([1, 2, 4]), st.floats(0, 5), st.integers(0, 10)),
+        min_size=1,
+        max_size=8,
+    ),
     st.integers(1, 1000),
     st.floats(0, 3),
 )

@@ -12,7 +12,9 @@ from vertumnus.core.routing import RoutingCore
 from vertumnus.core.types import Request
 
 # E_C(R, P) = R ms / C: easy to compute by hand
-LINEAR = PrefillModel(name="linear", alpha=0.0, c=1e-3, b=0.0, d={1: 0.0, 2: 0.0, 4: 0.0}, a={1: 0.0, 2: 0.0, 4: 0.0})
+LINEAR = PrefillModel(
+    name="linear", alpha=0.0, c=1e-3, b=0.0, d={1: 0.0, 2: 0.0, 4: 0.0}, a={1: 0.0, 2: 0.0, 4: 0.0}
+)
 BS = 10
 
 

@@ -102,8 +102,10 @@ def test_any_interleaving_keeps_a_valid_grouping_and_unique_ids(steps):
             ops += [
                 Merge((s.worker, o.worker))
                 for s in slots
-                if s.offset % (2 * s.degree) == 0 and 2 * s.degree <= 8
-                and (o := by.get((s.domain, s.offset + s.degree))) is not None and o.degree == s.degree
+                if s.offset % (2 * s.degree) == 0
+                and 2 * s.degree <= 8
+                and (o := by.get((s.domain, s.offset + s.degree))) is not None
+                and o.degree == s.degree
             ]
             if ops:
                 p, t, _ = tr.begin(p, ops[choice % len(ops)])

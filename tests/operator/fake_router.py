@@ -160,12 +160,14 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
     def GetPool(self, request, context):  # noqa: N802 -- gRPC method name
         with self._lock:
             ws = [
-                pool_pb2.WorkerStatus(worker=i, degree=w.degree, domain=w.domain, offset=w.offset,
-                                      state=w.state)
+                pool_pb2.WorkerStatus(
+                    worker=i, degree=w.degree, domain=w.domain, offset=w.offset, state=w.state
+                )
                 for i, w in sorted(self.workers.items())
             ]
-            return pool_pb2.PoolStatus(epoch=self.epoch, workers=ws, router_id=self.router_id,
-                                       store="memory")
+            return pool_pb2.PoolStatus(
+                epoch=self.epoch, workers=ws, router_id=self.router_id, store="memory"
+            )
 
     def Drain(self, request, context):  # noqa: N802
         if self._fail(context, "drain"):
@@ -174,8 +176,11 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
             self.drains.append((request.worker, time.time()))
             w = self.workers.get(request.worker)
             if w is not None:
-                w.state = (pool_pb2.WorkerStatus.SERVING if request.resume
-                           else pool_pb2.WorkerStatus.DRAINING)
+                w.state = (
+                    pool_pb2.WorkerStatus.SERVING
+                    if request.resume
+                    else pool_pb2.WorkerStatus.DRAINING
+                )
         if self.on_drain is not None:
             self.on_drain(request.worker)
         timeout = request.timeout_seconds or 60.0
@@ -193,12 +198,17 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
         self._switch_released.wait(60.0)
         grouping = tuple((s.worker, s.degree, s.domain, s.offset) for s in request.grouping)
         if not grouping or any(s[2] != request.domain for s in grouping):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "grouping: every slot must be in the domain")
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "grouping: every slot must be in the domain"
+            )
         with self._lock:
-            current = tuple(sorted(
-                (i, w.degree, w.domain, w.offset) for i, w in self.workers.items()
-                if w.domain == request.domain
-            ))
+            current = tuple(
+                sorted(
+                    (i, w.degree, w.domain, w.offset)
+                    for i, w in self.workers.items()
+                    if w.domain == request.domain
+                )
+            )
             effective = not (request.epoch <= self.epoch and current == tuple(sorted(grouping)))
             if effective:
                 for i in [i for i, w in self.workers.items() if w.domain == request.domain]:
@@ -206,17 +216,30 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
                 for wid, deg, dom, off in grouping:
                     self.workers[wid] = _Worker(deg, dom, off)
                 self.epoch = max(self.epoch, request.epoch)
-            self.switches.append(SwitchCall(request.epoch, request.domain, grouping,
-                                            tuple(request.removed), request.kind, time.time(),
-                                            effective))
+            self.switches.append(
+                SwitchCall(
+                    request.epoch,
+                    request.domain,
+                    grouping,
+                    tuple(request.removed),
+                    request.kind,
+                    time.time(),
+                    effective,
+                )
+            )
         if self.switch_delay_s:
             time.sleep(self.switch_delay_s)
-        return pool_pb2.SwitchResponse(epoch=request.epoch, switch_seconds=self.switch_delay_s,
-                                       added=[s[0] for s in grouping if s[0] not in request.removed])
+        return pool_pb2.SwitchResponse(
+            epoch=request.epoch,
+            switch_seconds=self.switch_delay_s,
+            added=[s[0] for s in grouping if s[0] not in request.removed],
+        )
 
     def Reconfigure(self, request, context):  # noqa: N802
-        context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                      "this router does not run transitions itself (the operator does)")
+        context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "this router does not run transitions itself (the operator does)",
+        )
 
     def Scan(self, request, context):  # noqa: N802
         return pool_pb2.ScanResponse()
@@ -227,10 +250,14 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
             if report is None:
                 d, n, long_n, long_d = self._demand
                 report = pool_pb2.WindowReport(
-                    hop=request.hop, demand_seconds=d, requests=n, long_requests=long_n,
+                    hop=request.hop,
+                    demand_seconds=d,
+                    requests=n,
+                    long_requests=long_n,
                     long_demand_seconds=long_d,
-                    reconfiguring=any(w.state != pool_pb2.WorkerStatus.SERVING
-                                      for w in self.workers.values()),
+                    reconfiguring=any(
+                        w.state != pool_pb2.WorkerStatus.SERVING for w in self.workers.values()
+                    ),
                 )
                 self.windows[request.hop] = report
             return report

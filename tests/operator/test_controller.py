@@ -20,7 +20,9 @@ DEGREES = (2, 4, 8)
 LATTICE = enumerate_lattice(32, DEGREES, 8)
 
 
-def _walk(pool: tr.PoolState, target: Composition, degrees=DEGREES, limit=64) -> tuple[tr.PoolState, int]:
+def _walk(
+    pool: tr.PoolState, target: Composition, degrees=DEGREES, limit=64
+) -> tuple[tr.PoolState, int]:
     steps = 0
     while (op := next_pinned_op(pool.layout, target, degrees, pool.busy())) is not None:
         pool, t, _ = tr.begin(pool, op)
@@ -48,7 +50,10 @@ def test_a_domain_already_at_its_share_is_left_alone():
     op = next_pinned_op(pool.layout, Composition.parse("2xCP4+1xCP8"), (4, 8), frozenset())
     assert op == planner.Split(1, "pinned composition")
     # ... and a domain whose workers are busy waits (the other one is not reshaped instead).
-    assert next_pinned_op(pool.layout, Composition.parse("2xCP4+1xCP8"), (4, 8), frozenset({1})) is None
+    assert (
+        next_pinned_op(pool.layout, Composition.parse("2xCP4+1xCP8"), (4, 8), frozenset({1}))
+        is None
+    )
     assert next_pinned_op(pool.layout, Composition.parse("2xCP8"), (4, 8), frozenset()) is None
 
 
@@ -56,8 +61,13 @@ def test_feeding_sums_a_window_into_the_controller():
     cap = load_capacity("qwen3-30b-a3b/h200")
     layout = layout_for(Composition.parse("2xCP8"), 8)
     c = Controller(planner.initial_state(layout), cap, planner.PlannerSettings(window_s=1.0))
-    w = Window(hop=1, demand_s=3.0, requests=30, running_remaining_s={0: 0.2, 99: 5.0},
-               reused_blocks={1: 4.0})
+    w = Window(
+        hop=1,
+        demand_s=3.0,
+        requests=30,
+        running_remaining_s={0: 0.2, 99: 5.0},
+        reused_blocks={1: 4.0},
+    )
     tick = feed(c, w, layout, in_flight=False)
     assert tick is not None and tick.observation.demand_s == 3.0
     assert {o.worker: o.running_remaining_s for o in tick.observation.workers} == {0: 0.2, 1: 0.0}

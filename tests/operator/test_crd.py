@@ -26,7 +26,9 @@ def _schema() -> dict[str, Any]:
 def test_the_chart_ships_the_crds_byte_for_byte():
     chart = ROOT / "deploy" / "helm" / "vertumnus" / "crds"
     ours = sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
-    assert ours == sorted(p.name for p in chart.glob("*.yaml")) == ["cppool.yaml", "kopf-peering.yaml"]
+    assert (
+        ours == sorted(p.name for p in chart.glob("*.yaml")) == ["cppool.yaml", "kopf-peering.yaml"]
+    )
     for name in ours:
         assert (chart / name).read_bytes() == (ROOT / "crds" / name).read_bytes(), (
             f"deploy/helm/vertumnus/crds/{name} drifted from crds/{name}: "
@@ -47,13 +49,24 @@ def _defaults(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 _CAMEL = {
-    "gpusPerDomain": "gpus_per_domain", "blockSize": "block_size", "maxTokens": "max_tokens",
-    "basePort": "base_port", "betaBusy": "beta_busy", "lambda": "lam",
-    "windowSeconds": "window_seconds", "hopSeconds": "hop_seconds", "mergeAdmit": "merge_admit",
-    "persistWindows": "persist_windows", "drainTimeoutSeconds": "drain_timeout_seconds",
-    "thetaInter": "theta_inter", "thetaIntra": "theta_intra", "thetaReclaim": "theta_reclaim",
-    "scanIntervalSeconds": "scan_interval_seconds", "metricsPort": "metrics_port",
-    "admissionLimit": "admission_limit", "cacheManager": "cache_manager",
+    "gpusPerDomain": "gpus_per_domain",
+    "blockSize": "block_size",
+    "maxTokens": "max_tokens",
+    "basePort": "base_port",
+    "betaBusy": "beta_busy",
+    "lambda": "lam",
+    "windowSeconds": "window_seconds",
+    "hopSeconds": "hop_seconds",
+    "mergeAdmit": "merge_admit",
+    "persistWindows": "persist_windows",
+    "drainTimeoutSeconds": "drain_timeout_seconds",
+    "thetaInter": "theta_inter",
+    "thetaIntra": "theta_intra",
+    "thetaReclaim": "theta_reclaim",
+    "scanIntervalSeconds": "scan_interval_seconds",
+    "metricsPort": "metrics_port",
+    "admissionLimit": "admission_limit",
+    "cacheManager": "cache_manager",
 }
 
 
@@ -74,7 +87,10 @@ def test_the_parser_defaults_are_the_crd_defaults():
             checked += 1
     assert checked >= 30
     # Parsing the stored form (defaults applied) gives the same spec.
-    assert crd.parse_spec({**defaults, **MINIMAL, "engine": {**defaults["engine"], "image": "img"}}) == spec
+    assert (
+        crd.parse_spec({**defaults, **MINIMAL, "engine": {**defaults["engine"], "image": "img"}})
+        == spec
+    )
 
 
 def test_every_cel_rule_names_its_field():
@@ -89,29 +105,35 @@ def test_every_cel_rule_names_its_field():
     assert all(r.get("fieldPath", "").startswith(".") and r.get("message") for r in found)
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"gpus": 12}, "spec.gpus"),
-    ({"gpusPerDomain": 6}, "spec.gpusPerDomain"),
-    ({"degrees": [4, 16]}, "spec.degrees"),
-    ({"degrees": [3]}, "spec.degrees[0]"),
-    ({"degrees": [4, 4]}, "spec.degrees[1]"),
-    ({"composition": [{"count": 2, "degree": 4}]}, "spec.composition"),
-    ({"composition": [{"count": 4, "degree": 2}, {"count": 1, "degree": 8}]}, "spec.composition[0].degree"),
-    ({"engine": {"image": ""}}, "spec.engine.image"),
-    ({"engine": {"image": "x", "dtype": "fp8"}}, "spec.engine.dtype"),
-    ({"placement": {"beta": 0.5}}, "spec.placement.beta"),
-    ({"placement": {"beta": 3.0, "betaBusy": 2.0}}, "spec.placement.betaBusy"),
-    ({"controller": {"lower": 0.95}}, "spec.controller.lower"),
-    ({"controller": {"mergeAdmit": 0.95}}, "spec.controller.mergeAdmit"),
-    ({"controller": {"windowSeconds": 20, "hopSeconds": 7}}, "spec.controller.hopSeconds"),
-    ({"cacheManager": {"thetaReclaim": 5.0}}, "spec.cacheManager.thetaReclaim"),
-    ({"cacheManager": {"decay": 1.0}}, "spec.cacheManager.decay"),
-    ({"redis": {"mode": "external"}}, "spec.redis.url"),
-    ({"redis": {"mode": "cluster"}}, "spec.redis.mode"),
-    ({"gang": {"backend": "kueue"}}, "spec.gang.backend"),
-    ({"router": {"port": 9090}}, "spec.router.metricsPort"),
-    ({"scheduling": {"nodeSelector": {"a": 1}}}, "spec.scheduling.nodeSelector.a"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"gpus": 12}, "spec.gpus"),
+        ({"gpusPerDomain": 6}, "spec.gpusPerDomain"),
+        ({"degrees": [4, 16]}, "spec.degrees"),
+        ({"degrees": [3]}, "spec.degrees[0]"),
+        ({"degrees": [4, 4]}, "spec.degrees[1]"),
+        ({"composition": [{"count": 2, "degree": 4}]}, "spec.composition"),
+        (
+            {"composition": [{"count": 4, "degree": 2}, {"count": 1, "degree": 8}]},
+            "spec.composition[0].degree",
+        ),
+        ({"engine": {"image": ""}}, "spec.engine.image"),
+        ({"engine": {"image": "x", "dtype": "fp8"}}, "spec.engine.dtype"),
+        ({"placement": {"beta": 0.5}}, "spec.placement.beta"),
+        ({"placement": {"beta": 3.0, "betaBusy": 2.0}}, "spec.placement.betaBusy"),
+        ({"controller": {"lower": 0.95}}, "spec.controller.lower"),
+        ({"controller": {"mergeAdmit": 0.95}}, "spec.controller.mergeAdmit"),
+        ({"controller": {"windowSeconds": 20, "hopSeconds": 7}}, "spec.controller.hopSeconds"),
+        ({"cacheManager": {"thetaReclaim": 5.0}}, "spec.cacheManager.thetaReclaim"),
+        ({"cacheManager": {"decay": 1.0}}, "spec.cacheManager.decay"),
+        ({"redis": {"mode": "external"}}, "spec.redis.url"),
+        ({"redis": {"mode": "cluster"}}, "spec.redis.mode"),
+        ({"gang": {"backend": "kueue"}}, "spec.gang.backend"),
+        ({"router": {"port": 9090}}, "spec.router.metricsPort"),
+        ({"scheduling": {"nodeSelector": {"a": 1}}}, "spec.scheduling.nodeSelector.a"),
+    ],
+)
 def test_errors_name_the_field(change, field):
     with pytest.raises(crd.SpecError) as err:
         crd.parse_spec({**MINIMAL, **change})
@@ -120,20 +142,37 @@ def test_errors_name_the_field(change, field):
 
 
 def test_a_degree_outside_the_capacity_profile_is_refused():
-    with pytest.raises(crd.SpecError, match=r"spec.degrees: degrees \[16\] are not in the capacity profile"):
+    with pytest.raises(
+        crd.SpecError, match=r"spec.degrees: degrees \[16\] are not in the capacity profile"
+    ):
         crd.parse_spec({**MINIMAL, "gpusPerDomain": 16, "degrees": [8, 16]}, (1, 2, 4, 8))
 
 
 def test_composition_initial_and_settings():
-    spec = crd.parse_spec({**MINIMAL, "gpus": 40,
-                           "composition": [{"count": 4, "degree": 4}, {"count": 3, "degree": 8}]})
+    spec = crd.parse_spec(
+        {
+            **MINIMAL,
+            "gpus": 40,
+            "composition": [{"count": 4, "degree": 4}, {"count": 3, "degree": 8}],
+        }
+    )
     assert spec.composition == Composition.parse("4xCP4+3xCP8") and spec.domains == 5
     assert spec.initial_composition() == Composition.parse("4xCP4+3xCP8")
     free = crd.parse_spec({**MINIMAL, "gpus": 40})
     assert str(free.initial_composition()) == "5xCP8"  # most large-degree workers
-    ps = crd.parse_spec({**MINIMAL, "controller": {"windowSeconds": 30, "hopSeconds": 10}}).planner_settings()
-    assert (ps.window_s, ps.hop, ps.hops_per_window, ps.degrees, ps.domain_size) == (30.0, 10.0, 3, (4, 8), 8)
-    params = crd.parse_spec({**MINIMAL, "placement": {"beta": 2, "betaBusy": 4, "lambda": 0.5}}).placement_params()
+    ps = crd.parse_spec(
+        {**MINIMAL, "controller": {"windowSeconds": 30, "hopSeconds": 10}}
+    ).planner_settings()
+    assert (ps.window_s, ps.hop, ps.hops_per_window, ps.degrees, ps.domain_size) == (
+        30.0,
+        10.0,
+        3,
+        (4, 8),
+        8,
+    )
+    params = crd.parse_spec(
+        {**MINIMAL, "placement": {"beta": 2, "betaBusy": 4, "lambda": 0.5}}
+    ).placement_params()
     assert (params.beta, params.beta_busy, params.lam) == (2.0, 4.0, 0.5)
 
 

@@ -66,9 +66,17 @@ def test_render_names_the_bad_field(tmp_path, capsys):
 
 
 def test_python_dash_m_runs():
-    out = subprocess.run([sys.executable, "-m", "vertumnus.operator", "crds"], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "vertumnus.operator", "crds"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "name: cppools.vertumnus.io" in out and "clusterkopfpeerings.kopf.dev" in out
-    helped = subprocess.run([sys.executable, "-m", "vertumnus.operator", "run", "--help"],
-                            capture_output=True, text=True, check=True).stdout
+    helped = subprocess.run(
+        [sys.executable, "-m", "vertumnus.operator", "run", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "--standalone" in helped and "--priority" in helped

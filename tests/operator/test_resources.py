@@ -22,8 +22,14 @@ def _spec(**extra):
 
 
 def test_a_domain_pod_holds_the_domain_and_its_grouping_as_annotations():
-    spec = _spec(scheduling={"tolerations": [TOL], "nodeSelector": {"gpu": "h200"},
-                             "priorityClassName": "high"}, model={"path": "/m/Qwen 3"})
+    spec = _spec(
+        scheduling={
+            "tolerations": [TOL],
+            "nodeSelector": {"gpu": "h200"},
+            "priorityClassName": "high",
+        },
+        model={"path": "/m/Qwen 3"},
+    )
     slots = (Slot(3, 4, 1, 0), Slot(4, 4, 1, 4))
     pod = res.domain_pod(spec, OWNER, 1, slots, 7, gangs.NativeGang())
     meta, body = pod["metadata"], pod["spec"]
@@ -32,8 +38,15 @@ def test_a_domain_pod_holds_the_domain_and_its_grouping_as_annotations():
     assert meta["annotations"][res.ANN_GROUPING] == "3:CP4@0,4:CP4@4"
     assert meta["annotations"][res.ANN_EPOCH] == "7"
     assert meta["annotations"][res.ANN_DEGREES] == "4,4"
-    assert meta["ownerReferences"] == [{"apiVersion": "vertumnus.io/v1alpha1", "kind": "CPPool",
-                                        "name": "pool", "uid": "uid-1", "controller": True}]
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "vertumnus.io/v1alpha1",
+            "kind": "CPPool",
+            "name": "pool",
+            "uid": "uid-1",
+            "controller": True,
+        }
+    ]
     (c,) = body["containers"]
     assert c["resources"]["limits"] == {"nvidia.com/gpu": "8"}
     assert len(c["ports"]) == 8 and c["ports"][7]["containerPort"] == 50058
@@ -52,16 +65,26 @@ def test_the_pod_spec_does_not_depend_on_the_grouping():
     a = res.domain_pod(spec, OWNER, 0, (Slot(0, 8, 0, 0),), 1, gangs.NativeGang())
     b = res.domain_pod(spec, OWNER, 0, (Slot(1, 4, 0, 0), Slot(2, 4, 0, 4)), 2, gangs.NativeGang())
     assert a["spec"] == b["spec"]
-    assert a["metadata"]["annotations"][res.ANN_SPEC_HASH] == b["metadata"]["annotations"][res.ANN_SPEC_HASH]
-    c = res.domain_pod(_spec(engine={"image": "img:2"}), OWNER, 0, (Slot(0, 8, 0, 0),), 1, gangs.NativeGang())
-    assert c["metadata"]["annotations"][res.ANN_SPEC_HASH] != a["metadata"]["annotations"][res.ANN_SPEC_HASH]
+    assert (
+        a["metadata"]["annotations"][res.ANN_SPEC_HASH]
+        == b["metadata"]["annotations"][res.ANN_SPEC_HASH]
+    )
+    c = res.domain_pod(
+        _spec(engine={"image": "img:2"}), OWNER, 0, (Slot(0, 8, 0, 0),), 1, gangs.NativeGang()
+    )
+    assert (
+        c["metadata"]["annotations"][res.ANN_SPEC_HASH]
+        != a["metadata"]["annotations"][res.ANN_SPEC_HASH]
+    )
 
 
 def test_grouping_round_trips_and_bad_terms_are_named():
     slots = (Slot(5, 2, 3, 4), Slot(1, 4, 3, 0), Slot(6, 2, 3, 6))
     text = res.format_grouping(slots)
     assert text == "1:CP4@0,5:CP2@4,6:CP2@6"
-    assert sorted(res.parse_grouping(text, 3), key=lambda s: s.offset) == sorted(slots, key=lambda s: s.offset)
+    assert sorted(res.parse_grouping(text, 3), key=lambda s: s.offset) == sorted(
+        slots, key=lambda s: s.offset
+    )
     with pytest.raises(ValueError, match="bad grouping term 'x'"):
         res.parse_grouping("1:CP4@0,x", 0)
 
@@ -74,14 +97,32 @@ def test_native_volcano_and_none_gangs():
     volcano = gangs.VolcanoGang("gpu-queue")
     group = volcano.group("pool", "ns", 3, 24, "nvidia.com/gpu", {})
     assert group["apiVersion"] == "scheduling.volcano.sh/v1beta1"
-    assert group["spec"] == {"minMember": 3, "minResources": {"nvidia.com/gpu": "24"}, "queue": "gpu-queue"}
-    pod = res.domain_pod(_spec(gang={"backend": "volcano"}), OWNER, 0, (Slot(0, 8, 0, 0),), 1, volcano)
+    assert group["spec"] == {
+        "minMember": 3,
+        "minResources": {"nvidia.com/gpu": "24"},
+        "queue": "gpu-queue",
+    }
+    pod = res.domain_pod(
+        _spec(gang={"backend": "volcano"}), OWNER, 0, (Slot(0, 8, 0, 0),), 1, volcano
+    )
     assert pod["spec"]["schedulerName"] == "volcano" and "schedulingGroup" not in pod["spec"]
     assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "pool"
     assert volcano.dropped(pod, "pool") is None
     assert volcano.status({"status": {"phase": "Running"}}).scheduled is True
-    assert volcano.status({"status": {"phase": "Pending", "conditions": [
-        {"type": "Unschedulable", "status": "True", "reason": "NotEnoughResources", "message": "m"}]}}
+    assert volcano.status(
+        {
+            "status": {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "Unschedulable",
+                        "status": "True",
+                        "reason": "NotEnoughResources",
+                        "message": "m",
+                    }
+                ],
+            }
+        }
     ) == gangs.GangStatus(False, "NotEnoughResources", "m")
 
     none = gangs.NoGang()
@@ -97,24 +138,47 @@ def test_a_dropped_scheduling_group_is_detected():
     assert native.dropped(pod, "pool") is None
     del pod["spec"]["schedulingGroup"]  # what an API server with the gate off returns
     assert "GenericWorkload" in (native.dropped(pod, "pool") or "")
-    assert native.status({"status": {"conditions": [
-        {"type": "PodGroupInitiallyScheduled", "status": "False", "reason": "Unschedulable",
-         "message": "minCount (3) cannot be satisfied"}]}}).scheduled is False
+    assert (
+        native.status(
+            {
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "PodGroupInitiallyScheduled",
+                            "status": "False",
+                            "reason": "Unschedulable",
+                            "message": "minCount (3) cannot be satisfied",
+                        }
+                    ]
+                }
+            }
+        ).scheduled
+        is False
+    )
     assert native.status({}).scheduled is None
 
 
 def test_the_router_gets_its_settings_and_the_layout():
-    spec = _spec(placement={"beta": 2.0, "betaBusy": 4.0, "lambda": 0.3},
-                 cacheManager={"thetaIntra": 6.0}, router={"replicas": 3, "image": "r:9"},
-                 redis={"mode": "external", "url": "redis://r:6379/0",
-                        "secretRef": {"name": "s", "key": "k"}})
+    spec = _spec(
+        placement={"beta": 2.0, "betaBusy": 4.0, "lambda": 0.3},
+        cacheManager={"thetaIntra": 6.0},
+        router={"replicas": 3, "image": "r:9"},
+        redis={
+            "mode": "external",
+            "url": "redis://r:6379/0",
+            "secretRef": {"name": "s", "key": "k"},
+        },
+    )
     layout = layout_for(Composition.parse("2xCP4+1xCP8"), 8)
     cm = res.configmap(spec, OWNER, layout, 4)
     cfg = json.loads(cm["data"]["router.json"])
     assert cfg["placement"] == {"beta": 2.0, "betaBusy": 4.0, "lambda": 0.3}
     assert cfg["cacheManager"]["thetaIntra"] == 6.0
-    assert cfg["redis"] == {"mode": "external", "url": "redis://r:6379/0",
-                            "passwordEnv": "VERTUMNUS_REDIS_PASSWORD"}
+    assert cfg["redis"] == {
+        "mode": "external",
+        "url": "redis://r:6379/0",
+        "passwordEnv": "VERTUMNUS_REDIS_PASSWORD",
+    }
     assert cfg["engines"][1]["host"] == "pool-d1.pool-engines.ns.svc"
     lay = json.loads(cm["data"]["layout.json"])
     assert lay["epoch"] == 4 and [w["degree"] for w in lay["workers"]] == [8, 4, 4]
@@ -122,8 +186,10 @@ def test_the_router_gets_its_settings_and_the_layout():
     assert dep["spec"]["replicas"] == 3
     (c,) = dep["spec"]["template"]["spec"]["containers"]
     assert c["image"] == "r:9"
-    assert c["env"][1] == {"name": "VERTUMNUS_REDIS_PASSWORD",
-                           "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+    assert c["env"][1] == {
+        "name": "VERTUMNUS_REDIS_PASSWORD",
+        "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}},
+    }
     # The router's own command line (router/cli.py): one --engine per domain, in order.
     args = c["args"]
     assert args[:2] == ["vertumnus", "router"]
@@ -139,8 +205,15 @@ def test_every_object_is_owned_and_labelled():
     spec = _spec(redis={"mode": "managed"})
     layout = layout_for(Composition.parse("2xCP8"), 8)
     objs = pool_objects(spec, OWNER, layout, 1) + [res.redis_secret(OWNER, "p")]
-    assert sorted(o["kind"] for o in objs) == ["ConfigMap", "Deployment", "Deployment", "Secret",
-                                               "Service", "Service", "Service"]
+    assert sorted(o["kind"] for o in objs) == [
+        "ConfigMap",
+        "Deployment",
+        "Deployment",
+        "Secret",
+        "Service",
+        "Service",
+        "Service",
+    ]
     for o in objs:
         assert o["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
         assert o["metadata"]["labels"][res.LABEL_POOL] == "pool"
@@ -160,9 +233,15 @@ def test_the_router_command_line_parses_with_the_routers_own_parser():
     spec = _spec(redis={"mode": "managed"}, cacheManager={"enabled": False})
     args = res.router_deployment(spec, OWNER)["spec"]["template"]["spec"]["containers"][0]["args"]
     ns = parser.parse_args([a.replace("$(POD_NAME)", "pool-router-abc") for a in args[1:]])
-    assert ns.command == "router" and ns.engine == ["pool-d0.pool-engines.ns.svc:50051",
-                                                    "pool-d1.pool-engines.ns.svc:50051"]
+    assert ns.command == "router" and ns.engine == [
+        "pool-d0.pool-engines.ns.svc:50051",
+        "pool-d1.pool-engines.ns.svc:50051",
+    ]
     assert (ns.listen, ns.metrics_listen, ns.pool, ns.router_id) == (
-        "0.0.0.0:50050", "0.0.0.0:9090", "pool", "pool-router-abc")
+        "0.0.0.0:50050",
+        "0.0.0.0:9090",
+        "pool",
+        "pool-router-abc",
+    )
     assert ns.redis_url == "redis://pool-redis.ns.svc:6379/0" and ns.no_cache_manager
     assert ns.profile == "qwen3-30b-a3b/h200" and not ns.controller

@@ -27,11 +27,16 @@ def pool_states(draw):
         choice = draw(st.integers(0, 2))
         busy = pool.busy()
         if choice == 0:
-            ops: list[planner.Op] = [planner.Split(s.worker, "s") for s in pool.layout.slots
-                                     if s.degree > 2 and s.worker not in busy]
-            ops += [planner.Merge((a.worker, b.worker), "m") for a, b in
-                    planner.buddy_pairs(pool.layout, {2, 4, 8})
-                    if a.worker not in busy and b.worker not in busy]
+            ops: list[planner.Op] = [
+                planner.Split(s.worker, "s")
+                for s in pool.layout.slots
+                if s.degree > 2 and s.worker not in busy
+            ]
+            ops += [
+                planner.Merge((a.worker, b.worker), "m")
+                for a, b in planner.buddy_pairs(pool.layout, {2, 4, 8})
+                if a.worker not in busy and b.worker not in busy
+            ]
             if ops:
                 pool, _, _ = tr.begin(pool, draw(st.sampled_from(ops)))
         elif pool.transitions:

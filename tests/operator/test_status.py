@@ -33,14 +33,25 @@ def _cond(status, type_):
 
 
 def test_a_ready_pool():
-    obs = Observation(domains=2, pods=2, bound=2, ready=2, gang=GangStatus(True, "Scheduled", ""), generation=3)
+    obs = Observation(
+        domains=2, pods=2, bound=2, ready=2, gang=GangStatus(True, "Scheduled", ""), generation=3
+    )
     st = build_status(_record(), obs, [], 1000.0)
-    assert (st["phase"], st["composition"], st["epoch"], st["readyGPUs"], st["observedGeneration"]) == (
-        "Ready", "2xCP8", 1, 16, 3)
+    assert (
+        st["phase"],
+        st["composition"],
+        st["epoch"],
+        st["readyGPUs"],
+        st["observedGeneration"],
+    ) == ("Ready", "2xCP8", 1, 16, 3)
     assert [(w["id"], w["degree"], w["domain"], w["ranks"], w["state"]) for w in st["workers"]] == [
-        (0, 8, 0, list(range(8)), "Serving"), (1, 8, 1, list(range(8)), "Serving")]
+        (0, 8, 0, list(range(8)), "Serving"),
+        (1, 8, 1, list(range(8)), "Serving"),
+    ]
     assert _cond(st, "Ready")["status"] == "True" and _cond(st, "GangScheduled")["status"] == "True"
-    assert _cond(st, "Progressing")["status"] == "False" and _cond(st, "Degraded")["status"] == "False"
+    assert (
+        _cond(st, "Progressing")["status"] == "False" and _cond(st, "Degraded")["status"] == "False"
+    )
     # lastTransitionTime stays while a condition's status does not change
     again = build_status(_record(), obs, st["conditions"], 2000.0)
     assert _cond(again, "Ready")["lastTransitionTime"] == _cond(st, "Ready")["lastTransitionTime"]
@@ -48,8 +59,14 @@ def test_a_ready_pool():
 
 def test_an_unschedulable_gang_says_why():
     gang = GangStatus(False, "Unschedulable", "minCount (3) cannot be satisfied")
-    obs = Observation(domains=3, pods=3, bound=0, ready=0, gang=gang,
-                      unschedulable="pool-d0: 0/2 nodes are available")
+    obs = Observation(
+        domains=3,
+        pods=3,
+        bound=0,
+        ready=0,
+        gang=gang,
+        unschedulable="pool-d0: 0/2 nodes are available",
+    )
     st = build_status(_record("3xCP8"), obs, [], 0.0)
     assert st["phase"] == "Unschedulable" and st["readyGPUs"] == 0
     assert _cond(st, "GangScheduled")["message"] == "minCount (3) cannot be satisfied"
@@ -58,13 +75,22 @@ def test_an_unschedulable_gang_says_why():
 
 
 def test_a_missing_gang_api_and_a_degraded_pool():
-    obs = Observation(domains=2, problems=[Problem("GangScheduled", "GangAPIUnavailable", "no volcano")])
+    obs = Observation(
+        domains=2, problems=[Problem("GangScheduled", "GangAPIUnavailable", "no volcano")]
+    )
     st = build_status(_record(), obs, [], 0.0)
     assert st["phase"] == "Unschedulable"
     assert (_cond(st, "GangScheduled")["reason"], _cond(st, "Ready")["reason"]) == (
-        "GangAPIUnavailable", "GangAPIUnavailable")
-    obs = Observation(domains=2, bound=2, ready=2, gang=GangStatus(True, "Scheduled", ""),
-                      problems=[Problem("Degraded", "NeedsNewPods", "gpus changed")])
+        "GangAPIUnavailable",
+        "GangAPIUnavailable",
+    )
+    obs = Observation(
+        domains=2,
+        bound=2,
+        ready=2,
+        gang=GangStatus(True, "Scheduled", ""),
+        problems=[Problem("Degraded", "NeedsNewPods", "gpus changed")],
+    )
     st = build_status(_record(), obs, [], 0.0)
     assert st["phase"] == "Degraded" and _cond(st, "Degraded")["reason"] == "NeedsNewPods"
     assert _cond(st, "Ready")["status"] == "True"  # still serving as it was
@@ -77,8 +103,15 @@ def test_a_transition_in_flight_shows_its_phase_and_workers():
     obs = Observation(domains=1, bound=1, ready=1, gang=GangStatus(True, "", ""))
     st = build_status(r, obs, [], 5.0)
     assert st["phase"] == "Draining" and st["transitions"][0] == {
-        "id": 1, "kind": "split", "phase": "Draining", "removed": [0], "added": [1, 2], "epoch": 0,
-        "started": "1970-01-01T00:00:00Z", "reason": "load"}
+        "id": 1,
+        "kind": "split",
+        "phase": "Draining",
+        "removed": [0],
+        "added": [1, 2],
+        "epoch": 0,
+        "started": "1970-01-01T00:00:00Z",
+        "reason": "load",
+    }
     assert st["workers"][0]["state"] == "Draining"
     assert _cond(st, "Progressing")["reason"] == "Draining"
     pool, _ = tr.drained(pool, t.id, 0)
@@ -91,11 +124,16 @@ class FakeApi:
     """One CPPool behind a real HTTP server, with resourceVersion preconditions."""
 
     def __init__(self) -> None:
-        self.obj = {"metadata": {"name": "p", "namespace": "ns", "resourceVersion": "1"}, "status": {}}
+        self.obj = {
+            "metadata": {"name": "p", "namespace": "ns", "resourceVersion": "1"},
+            "status": {},
+        }
         self.patches = 0
 
     def bump(self) -> None:
-        self.obj["metadata"]["resourceVersion"] = str(int(self.obj["metadata"]["resourceVersion"]) + 1)
+        self.obj["metadata"]["resourceVersion"] = str(
+            int(self.obj["metadata"]["resourceVersion"]) + 1
+        )
 
     async def get(self, request: web.Request) -> web.Response:
         return web.json_response(self.obj)
@@ -105,8 +143,9 @@ class FakeApi:
         self.patches += 1
         rv = body.get("metadata", {}).get("resourceVersion")
         if rv is not None and rv != self.obj["metadata"]["resourceVersion"]:
-            return web.json_response({"kind": "Status", "reason": "Conflict", "message": "stale"},
-                                     status=409)
+            return web.json_response(
+                {"kind": "Status", "reason": "Conflict", "message": "stale"}, status=409
+            )
         self.obj["status"] = body["status"]
         self.bump()
         return web.json_response(self.obj)

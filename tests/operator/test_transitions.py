@@ -45,8 +45,9 @@ class Pods:
 
 def _runner(record, store, router, events, pods, controller=None):
     admin = RouterAdmin([router.address])
-    return TransitionRunner(record, store, lambda: admin, events, pods.annotate,
-                            controller=controller, retry_s=0.01), admin
+    return TransitionRunner(
+        record, store, lambda: admin, events, pods.annotate, controller=controller, retry_s=0.01
+    ), admin
 
 
 @pytest.fixture
@@ -79,12 +80,16 @@ def test_a_pinned_split_is_recorded_before_each_phase(router):
     runner = asyncio.run(go())
     assert seen == {"drain": tr.Phase.DRAINING, "switch": tr.Phase.SWITCHING}
     assert [r.pool.transitions[0].phase for r in store.records[1:3]] == [
-        tr.Phase.DRAINING, tr.Phase.SWITCHING]
+        tr.Phase.DRAINING,
+        tr.Phase.SWITCHING,
+    ]
     final = store.last
     assert final.pool.transitions == () and final.pool.epoch == 2
     assert str(final.pool.layout.composition) == "2xCP4+1xCP8"
     assert router.composition() == "2xCP4+1xCP8"
-    assert [(s.epoch, s.domain, s.removed, s.kind) for s in router.applied] == [(2, 1, (1,), "split")]
+    assert [(s.epoch, s.domain, s.removed, s.kind) for s in router.applied] == [
+        (2, 1, (1,), "split")
+    ]
     assert pods.grouping[1][0] == 2 and [s.worker for s in pods.grouping[1][1]] == [2, 3]
     assert events.reasons() == ["Draining", "Switching", "Committed"]
     assert runner.record.last_transition["added"] == [2, 3]
@@ -115,7 +120,8 @@ def test_a_restart_at_any_recorded_phase_completes_exactly_once(router, crash_af
 
     asyncio.run(first_life())
     assert store.last.pool.transitions[0].phase is (
-        tr.Phase.DRAINING if crash_after == 1 else tr.Phase.SWITCHING)
+        tr.Phase.DRAINING if crash_after == 1 else tr.Phase.SWITCHING
+    )
     router.release_drains()
     router.release_switches()
 
@@ -129,7 +135,11 @@ def test_a_restart_at_any_recorded_phase_completes_exactly_once(router, crash_af
     asyncio.run(second_life())
     final = store.last
     assert final.pool.transitions == () and final.pool.epoch == 2
-    assert [s.worker for s in final.pool.layout.slots] == [0, 1, 4]  # the id allocated at the first begin
+    assert [s.worker for s in final.pool.layout.slots] == [
+        0,
+        1,
+        4,
+    ]  # the id allocated at the first begin
     assert len(router.applied) == 1 and router.applied[0].epoch == 2
     assert len(router.switches) == crash_after  # after a crash in Switching: one repeat
     assert events.reasons().count("Committed") == 1
@@ -186,13 +196,22 @@ def test_a_window_is_summed_over_replicas():
             return w
 
         w = asyncio.run(go())
-    assert (w.demand_s, w.requests, w.long_requests, w.long_demand_s, w.replicas) == (3.0, 15, 3, 1.5, 2)
+    assert (w.demand_s, w.requests, w.long_requests, w.long_demand_s, w.replicas) == (
+        3.0,
+        15,
+        3,
+        1.5,
+        2,
+    )
 
 
 def test_an_operation_by_hand_restarts_the_planner_from_the_new_layout(router):
     layout = _layout("2xCP8")
-    controller = Controller(planner.initial_state(layout), CAPACITY,
-                            planner.PlannerSettings(window_s=1.0, domain_size=8, degrees=(4, 8)))
+    controller = Controller(
+        planner.initial_state(layout),
+        CAPACITY,
+        planner.PlannerSettings(window_s=1.0, domain_size=8, degrees=(4, 8)),
+    )
     record, store = _fresh("2xCP8")
     router.set_layout([(s.worker, s.degree, s.domain, s.offset) for s in layout.slots])
     events, pods = MemoryEvents(), Pods()

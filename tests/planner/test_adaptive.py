@@ -139,7 +139,9 @@ def test_adaptive_pool_runs_with_the_cache_manager_hook(model: PrefillModel) -> 
         trace,
         model,
         opts,
-        lambda pool: Simulation(pool, CostModelPolicy(opts.placement), cache_manager=CacheManager()),
+        lambda pool: Simulation(
+            pool, CostModelPolicy(opts.placement), cache_manager=CacheManager()
+        ),
     )
     attach_cache_manager(sim)
     result = sim.run(trace.requests)

@@ -52,7 +52,9 @@ def observe(policy: Policy, request: Request, worker: int, pool: FakePool) -> No
 
 
 def pool(n: int = 2, degree: int = 4, **kw) -> FakePool:
-    return FakePool([WorkerState(id=i, degree=degree, cache_capacity_blocks=100) for i in range(n)], **kw)
+    return FakePool(
+        [WorkerState(id=i, degree=degree, cache_capacity_blocks=100) for i in range(n)], **kw
+    )
 
 
 def req(rid: int, keys: tuple[int, ...], length: int | None = None, t: float = 0.0) -> Request:

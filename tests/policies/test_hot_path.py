@@ -89,7 +89,9 @@ def naive_place(length, matched_blocks, workers, model, params, block_size):
 
 
 def fields(d: RouteDecision | None):
-    return None if d is None else (d.worker, d.estimate_s, d.cached_tokens, d.cost, d.preferred_degree)
+    return (
+        None if d is None else (d.worker, d.estimate_s, d.cached_tokens, d.cost, d.preferred_degree)
+    )
 
 
 def naive_holder_depths(trie: PrefixTrie, keys) -> dict[int, int]:
@@ -129,7 +131,10 @@ workers_st = st.lists(
     model=st.sampled_from([MODEL, FLAT]),
 )
 def test_place_matches_the_naive_reference(workers, length, matched, lam, block_size, model):
-    ws = [WorkerState(i, d, available=a, outstanding_s=q, queued=n) for i, (d, q, a, n) in enumerate(workers)]
+    ws = [
+        WorkerState(i, d, available=a, outstanding_s=q, queued=n)
+        for i, (d, q, a, n) in enumerate(workers)
+    ]
     params = PlacementParams(lam=lam)
     want = naive_place(length, matched, ws, model, params, block_size)
     got = place(length, matched, ws, model, params, block_size)
@@ -201,7 +206,9 @@ def test_place_prefers_the_first_of_tied_degrees():
             assert fields(got) == naive_place(2000, matched, ws, FLAT, params, 16)
 
 
-def naive_inflight_matched(by_request: dict[int, tuple[int, tuple[int, ...]]], keys) -> dict[int, int]:
+def naive_inflight_matched(
+    by_request: dict[int, tuple[int, tuple[int, ...]]], keys
+) -> dict[int, int]:
     """The pre-optimization InflightPrefixes.matched_blocks over a plain
     {request: (worker, keys)} record: every holder of every matched key,
     deeper keys overwriting, stopping at the first key nobody has in flight."""
@@ -231,7 +238,9 @@ key_lists = st.lists(st.integers(0, 6), min_size=1, max_size=6).map(tuple)
 
 @settings(max_examples=150, deadline=None)
 @given(
-    ops=st.lists(st.tuples(st.integers(0, 12), st.integers(0, 4), key_lists, st.booleans()), max_size=30),
+    ops=st.lists(
+        st.tuples(st.integers(0, 12), st.integers(0, 4), key_lists, st.booleans()), max_size=30
+    ),
     query=key_lists,
 )
 def test_inflight_matches_the_naive_reference(ops, query):
@@ -284,15 +293,22 @@ def naive_decide(policy: CostModelPolicy, request: Request, pool: TriePool, live
     matched = naive_holder_depths(pool.store, request.block_keys)
     if live:
         matched = naive_merge(dict(matched), naive_inflight_matched(live, request.block_keys))
-    return naive_place(request.length, matched, pool.workers, pool.model, policy.params, pool.block_size)
+    return naive_place(
+        request.length, matched, pool.workers, pool.model, policy.params, pool.block_size
+    )
 
 
 @settings(max_examples=100, deadline=None)
 @given(
     workers=workers_st,
-    cached=st.lists(st.tuples(st.integers(0, 11), st.lists(st.integers(0, 2), min_size=1, max_size=6)), max_size=12),
+    cached=st.lists(
+        st.tuples(st.integers(0, 11), st.lists(st.integers(0, 2), min_size=1, max_size=6)),
+        max_size=12,
+    ),
     arrivals=st.lists(
-        st.tuples(st.lists(st.integers(0, 2), min_size=1, max_size=8), st.integers(1, 200), st.booleans()),
+        st.tuples(
+            st.lists(st.integers(0, 2), min_size=1, max_size=8), st.integers(1, 200), st.booleans()
+        ),
         min_size=1,
         max_size=15,
     ),
@@ -300,7 +316,10 @@ def naive_decide(policy: CostModelPolicy, request: Request, pool: TriePool, live
 def test_decide_matches_the_naive_reference(workers, cached, arrivals):
     """The whole decision — trie lookup, in-flight lookup and merge, place() —
     against the naive pieces, with requests placed and finishing in between."""
-    ws = [WorkerState(i, d, available=a, outstanding_s=q, queued=n) for i, (d, q, a, n) in enumerate(workers)]
+    ws = [
+        WorkerState(i, d, available=a, outstanding_s=q, queued=n)
+        for i, (d, q, a, n) in enumerate(workers)
+    ]
     trie = PrefixTrie()
 
     def chain(xs: list[int]) -> tuple[int, ...]:
@@ -353,6 +372,8 @@ def test_compiled_hot_path_matches_python_on_large_pools_and_the_shipped_profile
         length = rng.randint(1, 1_100_000)
         holders = rng.sample(ws, rng.randint(0, 40))
         matched = {w.id: rng.randint(0, length // 512 + 2) for w in holders}
-        params = PlacementParams(beta=rng.choice([1.0, 2.0]), lam=rng.choice([0.0, 0.1]), beta_busy=10.0)
+        params = PlacementParams(
+            beta=rng.choice([1.0, 2.0]), lam=rng.choice([0.0, 0.1]), beta_busy=10.0
+        )
         want = place_fields_py(length, matched, ws, model, params, 512)
         assert placement.place_fields(length, matched, ws, model, params, 512) == want

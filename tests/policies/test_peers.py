@@ -81,7 +81,9 @@ def _sglang_with_prefix_on_w0(**kw) -> tuple[SGLangCacheAware, object]:
         (300, 199, 1),  # 101 > 64 and 300 > 298.5: imbalanced
     ],
 )
-def test_sglang_switches_to_shortest_queue_only_when_both_thresholds_are_exceeded(load0, load1, expected):
+def test_sglang_switches_to_shortest_queue_only_when_both_thresholds_are_exceeded(
+    load0, load1, expected
+):
     pol, p = _sglang_with_prefix_on_w0()
     p.workers[0].queued, p.workers[1].queued = load0, load1
     # The prompt extends w0's prefix: 16 of 20 tokens match (0.8 > 0.3).
@@ -328,7 +330,9 @@ def short_trace():
 
 @pytest.mark.parametrize("name", sorted(PEERS))
 def test_every_request_completes_exactly_once_in_the_simulator(name, short_trace):
-    cfg = PoolConfig(Composition.parse("2xCP4+1xCP8"), load_model(), block_size=short_trace.block_size)
+    cfg = PoolConfig(
+        Composition.parse("2xCP4+1xCP8"), load_model(), block_size=short_trace.block_size
+    )
     policy = PEERS[name]()
     assert policy.name == name
     result = Simulation(cfg, policy).run(short_trace.requests)

@@ -25,14 +25,22 @@ def ev(seq: int, kind=K.STORED, keys=(), positions=None, inc: int = 7):  # type:
     positions = list(range(len(keys))) if positions is None else list(positions)
     parents = [keys[i - 1] if p else 0 for i, p in enumerate(positions)]
     return worker_pb2.CacheEvent(
-        kind=kind, block_keys=keys, positions=positions, parent_keys=parents,
-        worker=0, sequence=seq, incarnation=inc,
+        kind=kind,
+        block_keys=keys,
+        positions=positions,
+        parent_keys=parents,
+        worker=0,
+        sequence=seq,
+        incarnation=inc,
     )
 
 
 def snapshot(seq: int, keys=(), inc: int = 7):  # type: ignore[no-untyped-def]
     keys = list(keys)
-    served = [worker_pb2.ServedBlock(key=k, position=i, parent=keys[i - 1] if i else 0) for i, k in enumerate(keys)]
+    served = [
+        worker_pb2.ServedBlock(key=k, position=i, parent=keys[i - 1] if i else 0)
+        for i, k in enumerate(keys)
+    ]
     return worker_pb2.ListBlocksResponse(served=served, sequence=seq, incarnation=inc, worker=0)
 
 
@@ -95,8 +103,15 @@ def run(stub, *, resync_first=True, forget_after_s=10.0, seconds=0.3, incarnatio
         store.apply(worker, stored, removed, cleared=cleared)
 
     async def go():  # type: ignore[no-untyped-def]
-        f = Follower(0, stub, apply, resync_first=resync_first, retry_s=0.01,
-                     forget_after_s=forget_after_s, incarnation=incarnation)
+        f = Follower(
+            0,
+            stub,
+            apply,
+            resync_first=resync_first,
+            retry_s=0.01,
+            forget_after_s=forget_after_s,
+            incarnation=incarnation,
+        )
         f.start()
         await asyncio.sleep(seconds)
         await f.stop()
@@ -107,7 +122,9 @@ def run(stub, *, resync_first=True, forget_after_s=10.0, seconds=0.3, incarnatio
 
 
 def test_events_in_order_are_applied_after_the_first_snapshot() -> None:
-    stub = ScriptedStub([snapshot(2, [1, 2])], [[ev(3, keys=[1, 2, 3]), ev(4, K.REMOVED, keys=[3])]])
+    stub = ScriptedStub(
+        [snapshot(2, [1, 2])], [[ev(3, keys=[1, 2, 3]), ev(4, K.REMOVED, keys=[3])]]
+    )
     f, store, _ = run(stub)
     assert set(store.worker_keys(0)) == {1, 2}
     assert f.sequence == 4 and f.counts.events == 2 and f.counts.resyncs == 1 and f.counts.gaps == 0
@@ -143,7 +160,9 @@ def test_a_new_incarnation_drops_the_workers_entries_first() -> None:
 
 
 def test_a_sequence_going_backwards_drops_then_snapshots() -> None:
-    stub = ScriptedStub([snapshot(5, [1]), snapshot(2, [4])], [[ev(6, keys=[1, 2]), ev(3, keys=[1])], []])
+    stub = ScriptedStub(
+        [snapshot(5, [1]), snapshot(2, [4])], [[ev(6, keys=[1, 2]), ev(3, keys=[1])], []]
+    )
     f, store, _ = run(stub)
     assert f.counts.drops == 1 and set(store.worker_keys(0)) == {4}
 

@@ -339,7 +339,11 @@ def test_real_mooncake_conversation_trace() -> None:
 
 
 @pytest.mark.parametrize(
-    ("path", "n"), [pytest.param(AZURE_CODE, 8819, marks=needs(AZURE_CODE)), pytest.param(AZURE_CONV, 19366, marks=needs(AZURE_CONV))]
+    ("path", "n"),
+    [
+        pytest.param(AZURE_CODE, 8819, marks=needs(AZURE_CODE)),
+        pytest.param(AZURE_CONV, 19366, marks=needs(AZURE_CONV)),
+    ],
 )
 def test_real_azure_traces(path: Path, n: int) -> None:
     tr = load_azure(path)

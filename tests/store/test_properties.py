@@ -23,7 +23,10 @@ from vertumnus.core.store import StoreError
 from vertumnus.core.trie import PrefixTrie
 
 # A small universe of prefixes that share heads, so chains overlap.
-CHAINS = [chain_block_hashes(h) for h in ([1, 2, 3, 4, 5], [1, 2, 6], [1, 7, 8, 9], [10, 11], [1, 2, 3, 12])]
+CHAINS = [
+    chain_block_hashes(h)
+    for h in ([1, 2, 3, 4, 5], [1, 2, 6], [1, 7, 8, 9], [10, 11], [1, 2, 3, 12])
+]
 KEYS = sorted({k for c in CHAINS for k in c})
 
 op = st.one_of(
@@ -110,7 +113,9 @@ def apply_both(store, ref, o):
         ref.apply(w, **args)
     except StoreError:
         cursor = store.cursor
-        before = {k: (sorted(store.holders(k)), store.block(k) and store.block(k).depth) for k in KEYS}
+        before = {
+            k: (sorted(store.holders(k)), store.block(k) and store.block(k).depth) for k in KEYS
+        }
         try:
             store.apply(w, **args)
         except StoreError:
@@ -118,7 +123,9 @@ def apply_both(store, ref, o):
         else:
             raise AssertionError(f"store accepted what the reference refused: {o}") from None
         assert store.cursor == cursor
-        after = {k: (sorted(store.holders(k)), store.block(k) and store.block(k).depth) for k in KEYS}
+        after = {
+            k: (sorted(store.holders(k)), store.block(k) and store.block(k).depth) for k in KEYS
+        }
         assert before == after
     else:
         store.apply(w, **args)
@@ -142,8 +149,11 @@ EXAMPLES = {"redis": int(os.environ.get("VERTUMNUS_STORE_EXAMPLES", "100"))}
 def test_store_matches_the_reference(name, request):
     make = store_factory(name, request)
 
-    @settings(max_examples=EXAMPLES.get(name, 100), deadline=None,
-              suppress_health_check=[HealthCheck.too_slow])
+    @settings(
+        max_examples=EXAMPLES.get(name, 100),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     @given(st.lists(op, max_size=40))
     def check(ops):
         run(make(), ops)
@@ -187,8 +197,13 @@ def state(store, base):
         sorted(store.workers()),
         {w: sorted(store.worker_keys(w)) for w in range(4)},
         [dict(store.matched_blocks(c)) for c in CHAINS],
-        [[(b.key, b.depth, b.parent, b.generation - base, sorted(b.holders)) for b in store.path(c)]
-         for c in CHAINS],
+        [
+            [
+                (b.key, b.depth, b.parent, b.generation - base, sorted(b.holders))
+                for b in store.path(c)
+            ]
+            for c in CHAINS
+        ],
     )
 
 
@@ -242,8 +257,11 @@ def test_store_answers_exactly_like_the_memory_store(name, request):
     op by op (log_limit 8, so truncation is compared too)."""
     make = store_factory(name, request)
 
-    @settings(max_examples=EXAMPLES.get(name, 100), deadline=None,
-              suppress_health_check=[HealthCheck.too_slow])
+    @settings(
+        max_examples=EXAMPLES.get(name, 100),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     @given(st.lists(st.one_of(op, wild), max_size=30), st.integers(0, 12))
     def check(ops, lag):
         mem, other = PrefixTrie(log_limit=8), make(log_limit=8)

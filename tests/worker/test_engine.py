@@ -68,7 +68,12 @@ def test_regroup_cp4_to_2xcp2_to_cp4_keeps_weights_and_prefixes(engine, tiny64):
     assert engine.grouping() == [Slot(0, 2, 0, 0), Slot(2, 2, 0, 2)]  # default ids: first ranks
     served = {b.key for b in engine.list_blocks(0).served}
     keys2 = block_keys(prompts[2], BLOCK)
-    assert sorted(j for j, k in enumerate(keys2) if k in served) == [0, 1, 4, 5]  # positions 0, 1 mod 4
+    assert sorted(j for j, k in enumerate(keys2) if k in served) == [
+        0,
+        1,
+        4,
+        5,
+    ]  # positions 0, 1 mod 4
     # Under CP2 each child keeps the blocks its ranks held: ranks 0,1 own positions
     # 0,1 mod 4, so the prefix is whole only up to block 2 until a copy arrives.
     out = engine.prefill(0, "half", prompts[0])
@@ -144,9 +149,13 @@ def test_bad_requests_are_refused_and_the_engine_keeps_serving(engine):
     lacking = block_keys(random_tokens(32, seed=400), BLOCK)
     with pytest.raises(NotReady, match="source worker 2 lacks 4 of the 4 requested blocks"):
         engine.copy_blocks(2, 0, lacking)
-    with pytest.raises(NotReady, match=r"no worker 1 in epoch \d+; workers: \[0: CP2 at rank 0, 2: CP2 at rank 2\]"):
+    with pytest.raises(
+        NotReady, match=r"no worker 1 in epoch \d+; workers: \[0: CP2 at rank 0, 2: CP2 at rank 2\]"
+    ):
         engine.prefill(1, "nobody", [1, 2])
-    with pytest.raises(NotReady, match=r"worker 0 \(CP2, ranks 0-1\), worker 2 \(CP2, ranks 2-3\) must be drained"):
+    with pytest.raises(
+        NotReady, match=r"worker 0 \(CP2, ranks 0-1\), worker 2 \(CP2, ranks 2-3\) must be drained"
+    ):
         engine.switch_epoch(engine.epoch + 1, [4])
     with pytest.raises(ValueError, match="cannot start at rank 1"):
         engine.switch_epoch(engine.epoch + 1, [1, 2, 1])
@@ -178,7 +187,9 @@ def test_explicit_ids_are_the_workers_names_and_epochs_are_idempotent(engine):
     again = engine.switch_epoch(epoch, list(reversed(ids)))
     assert again.unchanged and again.epoch == epoch and not engine.worker(20).draining
     assert engine.prefill(21, "still", [1, 2, 3]).epoch == epoch
-    with pytest.raises(NotReady, match=rf"epoch {epoch - 1} is older than the current epoch {epoch}"):
+    with pytest.raises(
+        NotReady, match=rf"epoch {epoch - 1} is older than the current epoch {epoch}"
+    ):
         engine.switch_epoch(epoch - 1, ids)
     with pytest.raises(
         NotReady,
@@ -189,7 +200,9 @@ def test_explicit_ids_are_the_workers_names_and_epochs_are_idempotent(engine):
 
     # a worker kept unchanged keeps serving while its neighbour regroups
     engine.drain(21)
-    report = engine.switch_epoch(epoch + 1, [Slot(20, 2, 0, 0), Slot(22, 1, 0, 2), Slot(23, 1, 0, 3)])
+    report = engine.switch_epoch(
+        epoch + 1, [Slot(20, 2, 0, 0), Slot(22, 1, 0, 2), Slot(23, 1, 0, 3)]
+    )
     assert not report.unchanged
     assert engine.prefill(20, "kept", prompt).cached_tokens == 32
     assert engine.prefill(22, "new", [4, 5, 6]).degree == 1

@@ -27,7 +27,9 @@ BUFFER = 6
 @pytest.fixture(scope="module")
 def engine():
     spec = RankSpec(dtype="float32", block_size=BLOCK, num_blocks=64, seed=7)
-    with Engine(4, [Slot(10, 2, 0, 0), Slot(11, 2, 0, 2)], spec, max_tokens=512, event_buffer=BUFFER) as e:
+    with Engine(
+        4, [Slot(10, 2, 0, 0), Slot(11, 2, 0, 2)], spec, max_tokens=512, event_buffer=BUFFER
+    ) as e:
         yield e
 
 
@@ -80,7 +82,12 @@ def test_owner_rank_events_become_worker_events_with_parents_and_sequences_from_
         ]
         engine.evict_blocks(10, keys[3:])
         removed = ev10.get(timeout=10)
-        assert (removed.kind, removed.sequence, removed.rank, removed.blocks) == ("removed", 3, 0, chain(keys, [4]))
+        assert (removed.kind, removed.sequence, removed.rank, removed.blocks) == (
+            "removed",
+            3,
+            0,
+            chain(keys, [4]),
+        )
         assert ev10.get(timeout=10).blocks == chain(keys, [3])  # rank 1's removal: sequence 4
         assert_quiet(ev10)
         assert_quiet(ev11)
@@ -94,12 +101,19 @@ def test_flush_cache_drops_everything_with_one_cleared_event(engine):
         held = sum(len(b) for b in before.held.values())
         assert engine.flush_cache(11) == held
         cleared = ev.get(timeout=10)
-        assert (cleared.kind, cleared.sequence, cleared.block_keys, cleared.rank) == ("cleared", before.sequence + 1, (), 2)
+        assert (cleared.kind, cleared.sequence, cleared.block_keys, cleared.rank) == (
+            "cleared",
+            before.sequence + 1,
+            (),
+            2,
+        )
         assert_quiet(ev)
     after = engine.list_blocks(11)
     assert after.served == [] and all(not b for b in after.held.values())
     assert after.sequence == cleared.sequence
-    assert engine.flush_cache(11) == 0 and engine.list_blocks(11).sequence == cleared.sequence + 1  # still announced
+    assert (
+        engine.flush_cache(11) == 0 and engine.list_blocks(11).sequence == cleared.sequence + 1
+    )  # still announced
 
 
 def test_a_subscriber_that_reconnects_gets_the_missed_events_from_the_buffer(engine):
@@ -123,13 +137,20 @@ def test_history_the_buffer_no_longer_holds_starts_with_resync(engine):
     assert latest > BUFFER
     with engine.subscribe(10, 0) as ev:
         resync = ev.get(timeout=10)
-        assert (resync.kind, resync.sequence, resync.worker, resync.block_keys) == ("resync", latest, 10, ())
+        assert (resync.kind, resync.sequence, resync.worker, resync.block_keys) == (
+            "resync",
+            latest,
+            10,
+            (),
+        )
         assert resync.incarnation == engine.incarnation
         assert_quiet(ev)  # no replay after a resync: the subscriber takes a snapshot
         engine.prefill(10, "h", random_tokens(8, seed=200))
         assert ev.get(timeout=10).sequence == latest + 1
     with engine.subscribe(10, latest - BUFFER + 1) as ev:  # the oldest start the buffer can serve
-        assert [e.sequence for e in take(ev, BUFFER)] == list(range(latest - BUFFER + 2, latest + 2))
+        assert [e.sequence for e in take(ev, BUFFER)] == list(
+            range(latest - BUFFER + 2, latest + 2)
+        )
     for asked in (
         {"from_sequence": latest + 5},  # ahead of the worker: another worker's history
         {"from_sequence": latest, "incarnation": engine.incarnation ^ 1},  # another engine's
@@ -144,8 +165,12 @@ def test_snapshot_then_later_events_equal_what_the_worker_serves_across_regroups
     engine.flush_cache(10)
     engine.prefill(10, "p", prompt)  # CP2: rank 0 holds positions 0, 2, 4; rank 1 holds 1, 3
     gone = engine.subscribe(10, engine.list_blocks(10).sequence)
-    regroup(engine, [Slot(20, 4, 0, 0)])  # merge into CP4: rank 2 and 3 own positions 2 and 3, hold nothing
-    with pytest.raises(WorkerGone, match=r"worker 10 \(CP2, ranks 0-1\) left the grouping in epoch"):
+    regroup(
+        engine, [Slot(20, 4, 0, 0)]
+    )  # merge into CP4: rank 2 and 3 own positions 2 and 3, hold nothing
+    with pytest.raises(
+        WorkerGone, match=r"worker 10 \(CP2, ranks 0-1\) left the grouping in epoch"
+    ):
         gone.get(timeout=10)
     gone.close()
 
@@ -160,14 +185,19 @@ def test_snapshot_then_later_events_equal_what_the_worker_serves_across_regroups
         assert snapshot.sequence == 2 and snapshot.served == chain(keys, [0, 1, 4])
         assert snapshot.incarnation == engine.incarnation and snapshot.worker == 20
 
-        engine.evict_blocks(20, [keys[2]])  # held by rank 0, which no longer owns it: nothing to publish
+        engine.evict_blocks(
+            20, [keys[2]]
+        )  # held by rank 0, which no longer owns it: nothing to publish
         assert_quiet(ev)
         engine.evict_blocks(20, [keys[4]])
         out = engine.prefill(20, "again", prompt)  # reuses 0, 1; stores 2, 3, 4 on ranks 2, 3, 0
         assert out.cached_tokens == 2 * BLOCK
         later = take(ev, 4)
         assert [(e.kind, e.sequence, e.rank) for e in later] == [
-            ("removed", 3, 0), ("stored", 4, 0), ("stored", 5, 2), ("stored", 6, 3),
+            ("removed", 3, 0),
+            ("stored", 4, 0),
+            ("stored", 5, 2),
+            ("stored", 6, 3),
         ]
         assert later[2].blocks == chain(keys, [2])
         served = {b.key: b for b in snapshot.served}

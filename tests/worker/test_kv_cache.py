@@ -9,14 +9,24 @@ from vertumnus.worker.kv_cache import CacheEvent, PagedKVCache
 
 
 def _cache(num_blocks=4):
-    return PagedKVCache(num_blocks=num_blocks, block_size=2, layers=1, kv_heads=1, head_dim=2, dtype=torch.float64, rank=3)
+    return PagedKVCache(
+        num_blocks=num_blocks,
+        block_size=2,
+        layers=1,
+        kv_heads=1,
+        head_dim=2,
+        dtype=torch.float64,
+        rank=3,
+    )
 
 
 def _store(cache, keys, first_position=0):
     """Store ``keys`` as one chain: each block's parent is the key before it."""
     slots = cache.reserve(len(keys))
     parents = [None if first_position == 0 else -1, *keys[:-1]]
-    blocks = [Block(k, first_position + i, p) for i, (k, p) in enumerate(zip(keys, parents, strict=True))]
+    blocks = [
+        Block(k, first_position + i, p) for i, (k, p) in enumerate(zip(keys, parents, strict=True))
+    ]
     cache.commit(list(zip(blocks, slots, strict=False)))
     return slots
 
@@ -34,7 +44,12 @@ def test_reserve_takes_free_slots_in_order_then_evicts_lru():
         CacheEvent("stored", (20, 21), (0, 1), (None, 20), 3),
     ]
     assert cache.drain_events() == []
-    assert sorted(cache.blocks()) == [Block(10, 0, None), Block(11, 1, 10), Block(20, 0, None), Block(21, 1, 20)]
+    assert sorted(cache.blocks()) == [
+        Block(10, 0, None),
+        Block(11, 1, 10),
+        Block(20, 0, None),
+        Block(21, 1, 20),
+    ]
 
 
 def test_protected_blocks_are_not_evicted():

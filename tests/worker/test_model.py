@@ -18,7 +18,11 @@ from .conftest import random_tokens
 
 @pytest.mark.parametrize(
     "cfg",
-    [ModelConfig.tiny(), ModelConfig(model_type="qwen3"), ModelConfig(model_type="llama", tie_word_embeddings=True)],
+    [
+        ModelConfig.tiny(),
+        ModelConfig(model_type="qwen3"),
+        ModelConfig(model_type="llama", tie_word_embeddings=True),
+    ],
     ids=["qwen3_moe", "qwen3", "llama-tied"],
 )
 def test_hf_safetensors_round_trip(tmp_path, cfg):
@@ -40,7 +44,9 @@ def test_hf_safetensors_round_trip(tmp_path, cfg):
     assert set(loaded.weights) == set(model.weights)
     tokens = random_tokens(11, seed=0)
     # bit-equal weights; outputs agree to rounding (alignment can change SIMD paths)
-    assert (reference_hidden(model, tokens) - reference_hidden(loaded, tokens)).abs().max().item() < 1e-12
+    assert (
+        reference_hidden(model, tokens) - reference_hidden(loaded, tokens)
+    ).abs().max().item() < 1e-12
 
 
 def test_load_refuses_incomplete_or_foreign_checkpoints(tmp_path):
@@ -51,10 +57,14 @@ def test_load_refuses_incomplete_or_foreign_checkpoints(tmp_path):
         Model.load(tmp_path)
     with pytest.raises(FileNotFoundError, match="no config.json"):
         Model.load(tmp_path / "nowhere")
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "hidden_size": 8, "num_attention_heads": 2}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "gpt2", "hidden_size": 8, "num_attention_heads": 2})
+    )
     with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):
         Model.load(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3", "attention_bias": True}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "qwen3", "attention_bias": True})
+    )
     with pytest.raises(ValueError, match="attention_bias=true is not supported"):
         Model.load(tmp_path)
 
@@ -62,23 +72,44 @@ def test_load_refuses_incomplete_or_foreign_checkpoints(tmp_path):
 def test_config_reads_a_real_qwen3_moe_config(tmp_path):
     """Field names and extras as in Qwen3-30B-A3B's config.json."""
     raw = {
-        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "attention_bias": False,
-        "hidden_size": 2048, "head_dim": 128, "intermediate_size": 6144, "moe_intermediate_size": 768,
-        "num_attention_heads": 32, "num_key_value_heads": 4, "num_hidden_layers": 48, "num_experts": 128,
-        "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
-        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0, "sliding_window": None,
-        "use_sliding_window": False, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 151936,
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "attention_bias": False,
+        "hidden_size": 2048,
+        "head_dim": 128,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 48,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000.0,
+        "sliding_window": None,
+        "use_sliding_window": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 151936,
         "max_position_embeddings": 40960,
     }
     (tmp_path / "config.json").write_text(json.dumps(raw))
     cfg = ModelConfig.from_json(tmp_path / "config.json")
     assert cfg.qk_norm and cfg.is_moe_layer(0) and cfg.is_moe_layer(47)
     assert (cfg.num_key_value_heads, cfg.head_dim, cfg.rope_theta) == (4, 128, 1e6)
-    assert cfg.kv_bytes_per_token_per_element * 2 == 98304  # design.md: 96 KiB of K/V per token in bf16
+    assert (
+        cfg.kv_bytes_per_token_per_element * 2 == 98304
+    )  # design.md: 96 KiB of K/V per token in bf16
 
 
 def test_one_rank_step_matches_reference_with_and_without_prefix(tiny64):
-    cache = PagedKVCache(num_blocks=32, block_size=8, layers=2, kv_heads=2, head_dim=16, dtype=torch.float64)
+    cache = PagedKVCache(
+        num_blocks=32, block_size=8, layers=2, kv_heads=2, head_dim=16, dtype=torch.float64
+    )
     comm = GroupComm(None, 1, 0)
     base = random_tokens(40, seed=1)
     batch = [StepRequest("a", tuple(base)), StepRequest("b", tuple(random_tokens(3, seed=2)))]
@@ -99,12 +130,16 @@ def test_one_rank_step_matches_reference_with_and_without_prefix(tiny64):
 
 
 def test_a_full_cache_evicts_lru_tails_and_keeps_serving(tiny64):
-    cache = PagedKVCache(num_blocks=4, block_size=8, layers=2, kv_heads=2, head_dim=16, dtype=torch.float64)
+    cache = PagedKVCache(
+        num_blocks=4, block_size=8, layers=2, kv_heads=2, head_dim=16, dtype=torch.float64
+    )
     comm = GroupComm(None, 1, 0)
     first, second = random_tokens(24, seed=10), random_tokens(24, seed=11)
     prefill_step(tiny64, cache, comm, [StepRequest("a", tuple(first))])
     cache.drain_events()
-    (r,), _ = prefill_step(tiny64, cache, comm, [StepRequest("b", tuple(second))], return_hidden=True)
+    (r,), _ = prefill_step(
+        tiny64, cache, comm, [StepRequest("b", tuple(second))], return_hidden=True
+    )
     assert (r.hidden - reference_hidden(tiny64, second)).abs().max().item() < 1e-12
     from vertumnus.worker.blocks import block_keys
 

@@ -24,8 +24,10 @@ from .conftest import random_tokens
 
 BLOCK = 8
 STORED, REMOVED, CLEARED, RESYNC = (
-    worker_pb2.CacheEvent.STORED, worker_pb2.CacheEvent.REMOVED,
-    worker_pb2.CacheEvent.CLEARED, worker_pb2.CacheEvent.RESYNC,
+    worker_pb2.CacheEvent.STORED,
+    worker_pb2.CacheEvent.REMOVED,
+    worker_pb2.CacheEvent.CLEARED,
+    worker_pb2.CacheEvent.RESYNC,
 )
 
 
@@ -54,7 +56,9 @@ class Reader:
     """Reads a StreamCacheEvents stream on a thread, so the test can act meanwhile."""
 
     def __init__(self, stub, **request):
-        self.call = stub.StreamCacheEvents(worker_pb2.StreamCacheEventsRequest(**request), timeout=60)
+        self.call = stub.StreamCacheEvents(
+            worker_pb2.StreamCacheEventsRequest(**request), timeout=60
+        )
         self.events: list = []
         self.error: grpc.RpcError | None = None
         self._thread = threading.Thread(target=self._read, daemon=True)
@@ -90,10 +94,14 @@ def test_prefill_reports_first_token_times_and_reuse(served):
     first = stub.Prefill(worker_pb2.PrefillRequest(request_id="a", token_ids=tokens), timeout=60)
     assert first.request_id == "a" and first.cached_tokens == 0 and first.degree == 2
     assert first.execution_seconds > 0 and first.queue_seconds >= 0
-    second = stub.Prefill(worker_pb2.PrefillRequest(request_id="b", token_ids=tokens + [5]), timeout=60)
+    second = stub.Prefill(
+        worker_pb2.PrefillRequest(request_id="b", token_ids=tokens + [5]), timeout=60
+    )
     assert second.cached_tokens == 40
     assert _health(channels, 0) == health_pb2.HealthCheckResponse.SERVING
-    assert _health(channels, 1) == health_pb2.HealthCheckResponse.NOT_SERVING  # rank 1 leads no worker
+    assert (
+        _health(channels, 1) == health_pb2.HealthCheckResponse.NOT_SERVING
+    )  # rank 1 leads no worker
 
 
 def test_describe_names_the_worker_by_its_pool_level_id(served):
@@ -106,8 +114,10 @@ def test_describe_names_the_worker_by_its_pool_level_id(served):
 
 def test_a_rank_that_leads_no_worker_says_which_endpoint_to_use(served):
     _, server, channels = served
-    for call, request in (("Prefill", worker_pb2.PrefillRequest(request_id="x", token_ids=[1])),
-                          ("Describe", worker_pb2.DescribeRequest())):
+    for call, request in (
+        ("Prefill", worker_pb2.PrefillRequest(request_id="x", token_ids=[1])),
+        ("Describe", worker_pb2.DescribeRequest()),
+    ):
         with pytest.raises(grpc.RpcError) as err:
             getattr(_stub(channels, 1), call)(request, timeout=10)
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -121,7 +131,11 @@ def test_a_rank_that_leads_no_worker_says_which_endpoint_to_use(served):
     ("tokens", "code", "text"),
     [
         ([], grpc.StatusCode.INVALID_ARGUMENT, "token_ids is empty"),
-        ([1] * 257, grpc.StatusCode.INVALID_ARGUMENT, "257 tokens exceed the engine maximum of 256"),
+        (
+            [1] * 257,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "257 tokens exceed the engine maximum of 256",
+        ),
         ([1, -4], grpc.StatusCode.INVALID_ARGUMENT, "token id -4 outside the vocabulary"),
     ],
     ids=["empty", "too-long", "bad-token"],
@@ -139,7 +153,9 @@ def test_bad_prefills_get_clear_errors_and_serving_continues(served, tokens, cod
 def test_copy_from_a_worker_that_does_not_exist_is_a_failed_precondition(served):
     _, _, channels = served
     with pytest.raises(grpc.RpcError) as err:
-        _stub(channels, 0).CopyBlocks(worker_pb2.CopyBlocksRequest(source_worker=0, block_keys=[1, 2]), timeout=60)
+        _stub(channels, 0).CopyBlocks(
+            worker_pb2.CopyBlocksRequest(source_worker=0, block_keys=[1, 2]), timeout=60
+        )
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "no worker 0 in epoch 1; workers: [7: CP2 at rank 0]" in err.value.details()
 
@@ -160,13 +176,19 @@ def test_cache_events_replay_resync_flush_and_snapshot_over_grpc(served):
         (STORED, s + 1, 0, 7, engine.incarnation),
         (STORED, s + 2, 1, 7, engine.incarnation),
     ]
-    assert (list(got[0].block_keys), list(got[0].positions), got[0].parent_keys[1]) == ([keys[0], keys[2]], [0, 2], keys[1])
+    assert (list(got[0].block_keys), list(got[0].positions), got[0].parent_keys[1]) == (
+        [keys[0], keys[2]],
+        [0, 2],
+        keys[1],
+    )
     assert (list(got[1].block_keys), list(got[1].parent_keys)) == ([keys[1]], [keys[0]])
 
     snapshot = stub.ListBlocks(worker_pb2.ListBlocksRequest(), timeout=10)
     assert snapshot.sequence == s + 2
     assert [(b.key, b.position, b.parent) for b in snapshot.served] == [
-        (keys[0], 0, 0), (keys[1], 1, keys[0]), (keys[2], 2, keys[1]),
+        (keys[0], 0, 0),
+        (keys[1], 1, keys[0]),
+        (keys[2], 2, keys[1]),
     ]
     by_rank = {r.rank: r for r in snapshot.ranks}
     assert list(by_rank[1].block_keys) == [keys[1]] and list(by_rank[1].parent_keys) == [keys[0]]
@@ -176,7 +198,9 @@ def test_cache_events_replay_resync_flush_and_snapshot_over_grpc(served):
     assert (cleared.kind, cleared.sequence, list(cleared.block_keys)) == (CLEARED, s + 3, [])
     live.cancel()
 
-    replay = Reader(stub, from_sequence=s + 1, incarnation=engine.incarnation)  # reconnect after s + 1
+    replay = Reader(
+        stub, from_sequence=s + 1, incarnation=engine.incarnation
+    )  # reconnect after s + 1
     assert [e.sequence for e in replay.wait_for(2)] == [s + 2, s + 3]
     replay.cancel()
     ahead = Reader(stub, from_sequence=s + 100)  # not this worker's history
@@ -221,34 +245,55 @@ def test_epoch_over_grpc_regroups_with_pool_level_ids(served):
     assert f"worker 7 (CP2, ranks 0-1) left the grouping in epoch {epoch + 1}" in error.details()
 
     # the same commit again (a controller resuming): success, nothing changes
-    again = _stub(channels, 1).Epoch(worker_pb2.EpochRequest(epoch=epoch + 1, grouping=split[::-1]), timeout=60)
+    again = _stub(channels, 1).Epoch(
+        worker_pb2.EpochRequest(epoch=epoch + 1, grouping=split[::-1]), timeout=60
+    )
     assert again.unchanged and again.switch_seconds == 0
     for request, text in (
-        (worker_pb2.EpochRequest(epoch=epoch, grouping=split), f"epoch {epoch} is older than the current epoch"),
-        (worker_pb2.EpochRequest(epoch=epoch + 1, grouping=slots((7, 2, 0))),
-         f"epoch {epoch + 1} is already in force with grouping [8: CP1 at rank 0, 9: CP1 at rank 1]; "
-         "grouping [7: CP2 at rank 0] needs a newer epoch"),
+        (
+            worker_pb2.EpochRequest(epoch=epoch, grouping=split),
+            f"epoch {epoch} is older than the current epoch",
+        ),
+        (
+            worker_pb2.EpochRequest(epoch=epoch + 1, grouping=slots((7, 2, 0))),
+            f"epoch {epoch + 1} is already in force with grouping [8: CP1 at rank 0, 9: CP1 at rank 1]; "
+            "grouping [7: CP2 at rank 0] needs a newer epoch",
+        ),
     ):
         with pytest.raises(grpc.RpcError) as err:
             stub.Epoch(request, timeout=60)
-        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and text in err.value.details()
+        assert (
+            err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and text in err.value.details()
+        )
 
     assert _health(channels, 0) == _health(channels, 1) == health_pb2.HealthCheckResponse.SERVING
     d = _stub(channels, 1).Describe(worker_pb2.DescribeRequest(), timeout=10)
     assert (d.worker, d.degree, d.offset, d.epoch) == (9, 1, 1, epoch + 1)
     listing = _stub(channels, 1).ListBlocks(worker_pb2.ListBlocksRequest(), timeout=10)
     (held,) = listing.ranks
-    assert held.rank == 1 and list(held.block_keys) == [keys[1]]  # position 0 was rank 0's under CP2
-    assert [b.key for b in listing.served] == [keys[1]] and listing.sequence == 1  # a new worker: from 1
+    assert held.rank == 1 and list(held.block_keys) == [
+        keys[1]
+    ]  # position 0 was rank 0's under CP2
+    assert [b.key for b in listing.served] == [
+        keys[1]
+    ] and listing.sequence == 1  # a new worker: from 1
     # worker 9 holds half of the prefix; copy the rest from worker 8
-    copy = _stub(channels, 1).CopyBlocks(worker_pb2.CopyBlocksRequest(source_worker=8, block_keys=keys), timeout=60)
+    copy = _stub(channels, 1).CopyBlocks(
+        worker_pb2.CopyBlocksRequest(source_worker=8, block_keys=keys), timeout=60
+    )
     assert (copy.copied_blocks, copy.skipped_blocks) == (1, 1)
-    out = _stub(channels, 1).Prefill(worker_pb2.PrefillRequest(request_id="r1", token_ids=tokens + [9]), timeout=60)
+    out = _stub(channels, 1).Prefill(
+        worker_pb2.PrefillRequest(request_id="r1", token_ids=tokens + [9]), timeout=60
+    )
     assert out.cached_tokens == 16 and out.degree == 1
     absent = block_keys(random_tokens(16, seed=4), BLOCK)
     with pytest.raises(grpc.RpcError) as err:
-        _stub(channels, 1).CopyBlocks(worker_pb2.CopyBlocksRequest(source_worker=8, block_keys=absent), timeout=60)
+        _stub(channels, 1).CopyBlocks(
+            worker_pb2.CopyBlocksRequest(source_worker=8, block_keys=absent), timeout=60
+        )
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "source worker 8 lacks 2 of the 2 requested blocks" in err.value.details()
     again = stub.Prefill(worker_pb2.PrefillRequest(request_id="r0", token_ids=tokens), timeout=60)
-    assert again.degree == 1 and again.cached_tokens == 8  # rank 0 owns every block of a CP1 worker; it held block 0
+    assert (
+        again.degree == 1 and again.cached_tokens == 8
+    )  # rank 0 owns every block of a CP1 worker; it held block 0

@@ -14,7 +14,7 @@ from .conftest import random_tokens
 def test_rank_k_holds_chunks_k_and_2c_minus_1_minus_k():
     layout = ZigzagLayout((16,), degree=4, rank=1)
     assert layout.chunk_sizes == (2,) and layout.padded == (16,)
-    (offset, idx), = layout.local_positions()
+    ((offset, idx),) = layout.local_positions()
     assert offset == 0
     assert idx.tolist() == [2, 3, 12, 13]  # chunk 1 and chunk 6 of 8
 
@@ -57,8 +57,10 @@ def test_simulated_ranks_match_single_sequence_attention(tiny64, degree):
     out = torch.empty_like(qp)
     for r in range(degree):
         layout = ZigzagLayout((n,), degree, r)
-        (_, idx), = layout.local_positions()
-        out[idx] = local_attention(layout, qp[idx], kp, vp, [None], [None], model.cfg.head_dim**-0.5)
+        ((_, idx),) = layout.local_positions()
+        out[idx] = local_attention(
+            layout, qp[idx], kp, vp, [None], [None], model.cfg.head_dim**-0.5
+        )
     from vertumnus.worker.zigzag import chunk_attention
 
     ref = chunk_attention(q, k, v, model.cfg.head_dim**-0.5)
@@ -69,4 +71,6 @@ def test_reference_is_causal(tiny64):
     """Appending tokens never changes the hidden states of earlier ones."""
     a = random_tokens(20, seed=1)
     b = a + random_tokens(7, seed=2)
-    assert (reference_hidden(tiny64, a) - reference_hidden(tiny64, b)[:20]).abs().max().item() < 1e-12
+    assert (
+        reference_hidden(tiny64, a) - reference_hidden(tiny64, b)[:20]
+    ).abs().max().item() < 1e-12

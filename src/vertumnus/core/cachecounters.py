@@ -273,7 +273,11 @@ class CounterTable:
             self.missed[col][slot] += missed
 
     def add_path(
-        self, blocks: Sequence[BlockInfo], degree: int, amounts: Sequence[float] | None, missed: bool
+        self,
+        blocks: Sequence[BlockInfo],
+        degree: int,
+        amounts: Sequence[float] | None,
+        missed: bool,
     ) -> None:
         """Add ``amounts[i]`` (1 each without amounts) to access (or missed)
         [blocks[i], degree]: one request's path, the hot path of placement."""

@@ -437,9 +437,11 @@ class Ranking:
             return None
         if fp < 0:
             return (-band, -fp), item, False
-        return (-band, fp, -score, node.key, c), Candidate(
-            "intra", node.key, c, r, score, fp, node.depth
-        ), True
+        return (
+            (-band, fp, -score, node.key, c),
+            Candidate("intra", node.key, c, r, score, fp, node.depth),
+            True,
+        )
 
     # -- reclaim ----------------------------------------------------------------------
 

@@ -145,7 +145,9 @@ class Controller:
         self.settings = settings
         self.windows = ControlWindows(settings)
 
-    def workers(self, running_remaining_s: Mapping[int, float]) -> tuple[planner.WorkerObservation, ...]:
+    def workers(
+        self, running_remaining_s: Mapping[int, float]
+    ) -> tuple[planner.WorkerObservation, ...]:
         """Observations of the workers ``running_remaining_s`` names (id → seconds left
         of its running prefill), with their reuse weights."""
         return tuple(
@@ -153,9 +155,7 @@ class Controller:
             for w, rest in running_remaining_s.items()
         )
 
-    def tick(
-        self, running_remaining_s: Mapping[int, float], reconfiguring: bool
-    ) -> Tick | None:
+    def tick(self, running_remaining_s: Mapping[int, float], reconfiguring: bool) -> Tick | None:
         """One hop ended: evaluate the window (once a whole one has been seen), close the
         hop, and return what was decided (None while the first window fills)."""
         if not self.windows.ready:
@@ -213,5 +213,7 @@ def history_requests(
                 break
             n += 1
         seen.update(r.block_keys)
-        out.append(planner.HistoryRequest(r.arrival_s, r.length, cached_tokens(n, r.length, block_size)))
+        out.append(
+            planner.HistoryRequest(r.arrival_s, r.length, cached_tokens(n, r.length, block_size))
+        )
     return out

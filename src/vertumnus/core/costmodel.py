@@ -92,8 +92,7 @@ class PrefillModel:
             "b_s_per_cached_token": self.b,
             "max_tokens_per_gpu": self.max_tokens_per_gpu,
             "degrees": {
-                str(deg): {"d_s": self.d[deg], "a_s_per_token": self.a[deg]}
-                for deg in self.degrees
+                str(deg): {"d_s": self.d[deg], "a_s_per_token": self.a[deg]} for deg in self.degrees
             },
             "notes": self.notes,
         }

@@ -55,7 +55,9 @@ class FitResult:
         return sum(self.mape_by_degree[c] * n for c, n in self.rows_by_degree.items()) / total
 
 
-def fit_profile(rows: Sequence[ProfileRow], name: str = "fitted", max_tokens_per_gpu: int = 131072) -> FitResult:
+def fit_profile(
+    rows: Sequence[ProfileRow], name: str = "fitted", max_tokens_per_gpu: int = 131072
+) -> FitResult:
     """Non-negative least squares fit of E_C to ``rows``; raises ValueError on unusable input."""
     if not rows:
         raise ValueError("profile has no rows")

@@ -156,4 +156,6 @@ def chain_many(hash_lists: Sequence[Sequence[int]], salt: int = 0) -> list[tuple
         prev[:m] = cur
         keys[pos] = cur
     key_list = keys.tolist()
-    return [tuple(key_list[s : s + ln]) for s, ln in zip(starts.tolist(), lens.tolist(), strict=True)]
+    return [
+        tuple(key_list[s : s + ln]) for s, ln in zip(starts.tolist(), lens.tolist(), strict=True)
+    ]

@@ -96,8 +96,10 @@ def check_grouping(slots: Sequence[Slot], domain_size: int) -> None:
                 f"worker {s.worker}: degree {s.degree} is not a power of two <= {domain_size}"
             )
         if s.domain < 0 or s.offset < 0 or s.offset + s.degree > domain_size:
-            raise ValueError(f"worker {s.worker}: ranks {s.offset}..{s.offset + s.degree - 1} "
-                             f"are outside a {domain_size}-GPU domain")
+            raise ValueError(
+                f"worker {s.worker}: ranks {s.offset}..{s.offset + s.degree - 1} "
+                f"are outside a {domain_size}-GPU domain"
+            )
         if s.offset % s.degree:
             raise ValueError(
                 f"worker {s.worker}: a CP{s.degree} worker cannot start at rank {s.offset} "

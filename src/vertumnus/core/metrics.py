@@ -86,7 +86,9 @@ def summarize(completions: Sequence[Completion]) -> Summary:
     ttft = np.fromiter((c.ttft_s for c in completions), dtype=float, count=len(completions))
     length = np.fromiter((c.length for c in completions), dtype=float, count=len(completions))
     tau = np.fromiter((c.tau_s for c in completions), dtype=float, count=len(completions))
-    cached = np.fromiter((c.cached_tokens for c in completions), dtype=float, count=len(completions))
+    cached = np.fromiter(
+        (c.cached_tokens for c in completions), dtype=float, count=len(completions)
+    )
     p50, p90, p99 = np.percentile(ttft, [50, 90, 99])
     return Summary(
         requests=len(completions),

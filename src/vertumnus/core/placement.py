@@ -82,7 +82,9 @@ class WorkerState:
         return self.queued + self.running
 
 
-def candidates(workers: Sequence[WorkerState], length: int, model: PrefillModel) -> list[WorkerState]:
+def candidates(
+    workers: Sequence[WorkerState], length: int, model: PrefillModel
+) -> list[WorkerState]:
     """Workers that may take a request of ``length`` tokens.
 
     Unavailable workers and workers whose memory cannot hold the request are
@@ -151,7 +153,9 @@ def place_fields_py(
     # Candidate filter (== model.supports(deg) and length <= model.max_tokens(deg)).
     # Usually every degree is supported and the request fits the smallest
     # one (hence every one): one subset test instead of a check per degree.
-    if deg_set <= d_coeffs.keys() and length <= min(per_gpu_limit * c_min, per_gpu_limit * max(deg_set)):
+    if deg_set <= d_coeffs.keys() and length <= min(
+        per_gpu_limit * c_min, per_gpu_limit * max(deg_set)
+    ):
         cands = avail
     else:
         deg_set = {deg for deg in deg_set if deg in d_coeffs and length <= per_gpu_limit * deg}

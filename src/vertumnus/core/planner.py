@@ -862,7 +862,9 @@ class _Walk:
             ops.append(self._take(chosen))
         return ops, Composition(tuple(d for d, n in self.counts.items() for _ in range(n)))
 
-    def _choose(self, loads: Sequence[WindowObservation], capacity: CapacityProfile) -> _Cand | None:
+    def _choose(
+        self, loads: Sequence[WindowObservation], capacity: CapacityProfile
+    ) -> _Cand | None:
         """The next operation, if every load still asks for the walk's direction here."""
         k_cap, k_large = _capacities_of(self.counts, capacity, self.settings)
         if any(_signal(k_cap, k_large, w, self.settings)[0] != self.direction for w in loads):
@@ -1030,7 +1032,9 @@ def step(
     new, confirmed, gated = _confirm(state, obs, want, k_cap, settings)
     if not confirmed or want is None:
         return new, ()
-    ops, target, loads, why = _decide(state, new.confirming, obs, want, reason, gated, capacity, settings)
+    ops, target, loads, why = _decide(
+        state, new.confirming, obs, want, reason, gated, capacity, settings
+    )
     if not ops:
         return new, ()  # not every confirming window admits the first step yet
     ops = tuple(replace(op, reason=why) for op in ops)
@@ -1137,8 +1141,11 @@ def _decide(
         path, target = walk(
             state.layout, (), loads, want, capacity, settings, obs.workers, limit=settings.max_walk
         )
-        return _startable(path, state.layout, (), loads, capacity, settings), target, loads, (
-            f"{reason}; target {target}"
+        return (
+            _startable(path, state.layout, (), loads, capacity, settings),
+            target,
+            loads,
+            (f"{reason}; target {target}"),
         )
     loads = pooled_share(confirming) if gated else confirming[-1:]
     path, target = walk(state.layout, (), loads, want, capacity, settings, obs.workers, limit=1)

@@ -161,13 +161,17 @@ class RoutingCore:
 
     # -- membership -----------------------------------------------------------------
 
-    def add_worker(self, worker_id: int, degree: int, cache_capacity_blocks: int = 0) -> WorkerState:
+    def add_worker(
+        self, worker_id: int, degree: int, cache_capacity_blocks: int = 0
+    ) -> WorkerState:
         """A worker joins the pool (available at once; see :meth:`set_available`)."""
         if worker_id in self._loads:
             raise ValueError(f"worker {worker_id} is already in the pool")
         if degree < 1:
             raise ValueError(f"worker {worker_id}: degree must be >= 1, got {degree}")
-        state = WorkerState(id=worker_id, degree=degree, cache_capacity_blocks=cache_capacity_blocks)
+        state = WorkerState(
+            id=worker_id, degree=degree, cache_capacity_blocks=cache_capacity_blocks
+        )
         self._loads[worker_id] = _Load(state)
         self._states.append(state)
         return state
@@ -299,7 +303,8 @@ class RoutingCore:
             if src is not None:
                 by_source.setdefault(src, []).append(k)
         return tuple(
-            PendingCopy(worker, src, keys, tuple(blocks)) for src, blocks in sorted(by_source.items())
+            PendingCopy(worker, src, keys, tuple(blocks))
+            for src, blocks in sorted(by_source.items())
         )
 
     def started(self, request_id: int, now: float, until: float) -> None:
@@ -342,7 +347,9 @@ class RoutingCore:
         in queue order), for the shell to place again; their reservations are released."""
         load = self._loads[worker_id]
         queued = {
-            rid for rid, p in self._placed.items() if p.decision.worker == worker_id and not p.started
+            rid
+            for rid, p in self._placed.items()
+            if p.decision.worker == worker_id and not p.started
         }
         if set(request_ids) != queued or len(request_ids) != len(queued):
             raise ValueError(

@@ -114,7 +114,9 @@ class PoolState:
         for t in self.transitions:
             if t.id == tid:
                 return t
-        raise TransitionError(f"no transition {tid} is in flight (in flight: {[t.id for t in self.transitions]})")
+        raise TransitionError(
+            f"no transition {tid} is in flight (in flight: {[t.id for t in self.transitions]})"
+        )
 
     def busy(self) -> frozenset[int]:
         """Workers taking part in a transition in flight."""
@@ -179,7 +181,9 @@ def begin(pool: PoolState, op: Op) -> tuple[PoolState, Transition, list[Action]]
         try:
             slots.append(pool.layout.slot(w))
         except KeyError:
-            raise TransitionError(f"{type(op).__name__.lower()}: worker {w} is not in the pool") from None
+            raise TransitionError(
+                f"{type(op).__name__.lower()}: worker {w} is not in the pool"
+            ) from None
         if w in busy:
             raise TransitionError(f"worker {w} is already being reconfigured")
     nid = pool.next_worker
@@ -204,7 +208,9 @@ def drained(pool: PoolState, tid: int, worker: int) -> tuple[PoolState, list[Act
     """``worker`` of transition ``tid`` has no work left. Once all are, the switch starts."""
     t = pool.transition(tid)
     if worker not in t.members:
-        raise TransitionError(f"worker {worker} is not part of transition {tid} ({t.kind} of {t.members})")
+        raise TransitionError(
+            f"worker {worker} is not part of transition {tid} ({t.kind} of {t.members})"
+        )
     if t.phase is not Phase.DRAINING:
         return pool, []  # a repeated report (e.g. after a restart): nothing left to do
     t = replace(t, drained=t.drained | {worker})

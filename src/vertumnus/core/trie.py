@@ -55,7 +55,15 @@ class PrefixTrie:
     than that many changes behind must resynchronise.
     """
 
-    __slots__ = ("_nodes", "_namespace", "_log", "_log_base", "_next_generation", "_log_limit", "block")
+    __slots__ = (
+        "_nodes",
+        "_namespace",
+        "_log",
+        "_log_base",
+        "_next_generation",
+        "_log_limit",
+        "block",
+    )
 
     def __init__(self, namespace: str = "default", log_limit: int = 65536) -> None:
         if log_limit < 1:
@@ -175,7 +183,9 @@ class PrefixTrie:
         self._next_generation = gen
         return new
 
-    def _undo(self, worker: int, new: list[int], created: list[int], linked: list[TrieNode]) -> None:
+    def _undo(
+        self, worker: int, new: list[int], created: list[int], linked: list[TrieNode]
+    ) -> None:
         """Take back what a refused batch changed, newest first."""
         nodes = self._nodes
         for key in new:
@@ -205,7 +215,9 @@ class PrefixTrie:
             return StoreError(f"{where} names parent {parent:#x}, the index has {node.parent:#x}")
         pnode = self._nodes.get(parent) if parent is not None else None
         depth = "?" if pnode is None else pnode.depth - 1
-        return StoreError(f"{where} names parent {parent:#x}, which the index has at position {depth}")
+        return StoreError(
+            f"{where} names parent {parent:#x}, which the index has at position {depth}"
+        )
 
     def _check_after_clear(self, worker: int, items: Sequence[tuple[int, int, int | None]]) -> None:
         """Check a cleared batch against the index as it will be once ``worker``'s
@@ -306,12 +318,19 @@ class PrefixTrie:
             node = parent
 
     def _record(
-        self, worker: int, stored: list[int], removed: list[int], gone: list[tuple[int, int]], dropped: bool
+        self,
+        worker: int,
+        stored: list[int],
+        removed: list[int],
+        gone: list[tuple[int, int]],
+        dropped: bool,
     ) -> int:
         if not (stored or removed or gone or dropped):
             return self.cursor
         log = self._log
-        log.append(Change(self.cursor + 1, worker, tuple(stored), tuple(removed), tuple(gone), dropped))
+        log.append(
+            Change(self.cursor + 1, worker, tuple(stored), tuple(removed), tuple(gone), dropped)
+        )
         if len(log) > self._log_limit:
             cut = len(log) - self._log_limit
             del log[:cut]

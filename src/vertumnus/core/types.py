@@ -91,7 +91,9 @@ class Composition:
             count = int(m.group(1)) if m.group(1) is not None else 1
             degree = int(m.group(2))
             if count < 1 or degree < 1:
-                raise ValueError(f"bad composition term {term.strip()!r}: count and degree must be >= 1")
+                raise ValueError(
+                    f"bad composition term {term.strip()!r}: count and degree must be >= 1"
+                )
             degrees.extend([degree] * count)
         return cls(tuple(degrees))
 

@@ -184,7 +184,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         window_s=args.window,
         target=args.target,
         workload=f"{Path(args.trace).name}, first {len(reqs)} requests"
-        + (f", lengths x {args.length_scale:g}, {block_size}-token blocks" if args.length_scale != 1.0 else ""),
+        + (
+            f", lengths x {args.length_scale:g}, {block_size}-token blocks"
+            if args.length_scale != 1.0
+            else ""
+        ),
     )
     out = Path(args.out) if args.out else Path(str(capacity_file(model.name)))
     out.write_text(json.dumps(data, indent=2) + "\n")

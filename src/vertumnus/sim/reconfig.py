@@ -372,7 +372,11 @@ def build_adaptive(
         t_ext_s=opts.t_ext_s,
         slo=opts.slo,
     )
-    sim = make_sim(pool) if make_sim is not None else Simulation(pool, CostModelPolicy(opts.placement))
+    sim = (
+        make_sim(pool)
+        if make_sim is not None
+        else Simulation(pool, CostModelPolicy(opts.placement))
+    )
     layout = planner.layout_for(initial, ps.domain_size)
     executor = Executor(sim, opts.executor, pool=transition.initial_pool(layout))
     horizon = trace.requests[-1].arrival_s if trace.requests else 0.0
@@ -396,4 +400,3 @@ def transitions_report(transitions: Sequence[TransitionRecord]) -> list[dict[str
         }
         for t in transitions
     ]
-

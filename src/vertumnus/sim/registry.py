@@ -81,46 +81,65 @@ def _cost_model(s: RunSettings) -> Policy:
     return CostModelPolicy(s.placement)
 
 
-KINDS: Mapping[str, Kind] = MappingProxyType({
-    # Vertumnus
-    "vertumnus": Kind(
-        _with_cache_manager(_cost_model),
-        "cost-model placement (design.md section 3) + global prefix-cache manager (section 6)",
-    ),
-    "vertumnus-nocm": Kind(_fixed(_cost_model), "cost-model placement, worker-local LRU caches only"),
-    "vertumnus-adaptive": Kind(
-        _adaptive,
-        "split/merge by window demand, cost model + cache manager; starts from the planner's "
-        "pick, or from KIND:COMPOSITION if given (of --gpus GPUs)",
-        needs_composition=False,
-    ),
-    # simple baselines
-    "round-robin": Kind(_fixed(lambda s: RoundRobin()), "next worker in turn"),
-    "least-work": Kind(_fixed(lambda s: LeastWork()), "least outstanding predicted work, cache-blind"),
-    "length-only": Kind(
-        _fixed(lambda s: LengthOnly()), "prompts over 32K tokens to the largest degree, the rest to the smallest"
-    ),
-    "cache-first": Kind(_fixed(lambda s: CacheFirst()), "longest cached prefix, then least work"),
-    # peer routers, re-implemented from their public source (core/policies/peers/README.md)
-    "least-requests": Kind(_fixed(lambda s: peers.LeastRequests()), "fewest in-flight requests"),
-    "sglang-cache-aware": Kind(
-        _fixed(lambda s: peers.SGLangCacheAware(rng=random.Random(s.seed))),
-        "SGLang router cache_aware: approximate radix trees + balance thresholds",
-    ),
-    "llm-d": Kind(
-        _fixed(lambda s: peers.LLMD(rng=random.Random(s.seed))),
-        "llm-d inference scheduler: prefix (approximate) + queue + kv-cache scorers",
-    ),
-    "llm-d-precise": Kind(
-        _fixed(lambda s: peers.LLMD(mode="precise", rng=random.Random(s.seed))),
-        "llm-d with the precise (KV-event) prefix scorer",
-    ),
-    "dynamo-kv": Kind(
-        _fixed(lambda s: peers.DynamoKV(rng=random.Random(s.seed))),
-        "NVIDIA Dynamo KV router: overlap-weighted prefill blocks + decode blocks",
-    ),
-    "preble": Kind(_fixed(lambda s: peers.Preble()), "Preble E2: exploit long matches, explore by load"),
-    "aibrix-conductor": Kind(_fixed(lambda s: peers.AIBrixConductor()), "AIBrix prefill scorer: estimated TTFT per pod"),
-    "vllm-kvaware": Kind(_fixed(lambda s: peers.VLLMKvaware()), "vLLM production-stack kvaware: longest match or lowest load"),
-})
+KINDS: Mapping[str, Kind] = MappingProxyType(
+    {
+        # Vertumnus
+        "vertumnus": Kind(
+            _with_cache_manager(_cost_model),
+            "cost-model placement (design.md section 3) + global prefix-cache manager (section 6)",
+        ),
+        "vertumnus-nocm": Kind(
+            _fixed(_cost_model), "cost-model placement, worker-local LRU caches only"
+        ),
+        "vertumnus-adaptive": Kind(
+            _adaptive,
+            "split/merge by window demand, cost model + cache manager; starts from the planner's "
+            "pick, or from KIND:COMPOSITION if given (of --gpus GPUs)",
+            needs_composition=False,
+        ),
+        # simple baselines
+        "round-robin": Kind(_fixed(lambda s: RoundRobin()), "next worker in turn"),
+        "least-work": Kind(
+            _fixed(lambda s: LeastWork()), "least outstanding predicted work, cache-blind"
+        ),
+        "length-only": Kind(
+            _fixed(lambda s: LengthOnly()),
+            "prompts over 32K tokens to the largest degree, the rest to the smallest",
+        ),
+        "cache-first": Kind(
+            _fixed(lambda s: CacheFirst()), "longest cached prefix, then least work"
+        ),
+        # peer routers, re-implemented from their public source (core/policies/peers/README.md)
+        "least-requests": Kind(
+            _fixed(lambda s: peers.LeastRequests()), "fewest in-flight requests"
+        ),
+        "sglang-cache-aware": Kind(
+            _fixed(lambda s: peers.SGLangCacheAware(rng=random.Random(s.seed))),
+            "SGLang router cache_aware: approximate radix trees + balance thresholds",
+        ),
+        "llm-d": Kind(
+            _fixed(lambda s: peers.LLMD(rng=random.Random(s.seed))),
+            "llm-d inference scheduler: prefix (approximate) + queue + kv-cache scorers",
+        ),
+        "llm-d-precise": Kind(
+            _fixed(lambda s: peers.LLMD(mode="precise", rng=random.Random(s.seed))),
+            "llm-d with the precise (KV-event) prefix scorer",
+        ),
+        "dynamo-kv": Kind(
+            _fixed(lambda s: peers.DynamoKV(rng=random.Random(s.seed))),
+            "NVIDIA Dynamo KV router: overlap-weighted prefill blocks + decode blocks",
+        ),
+        "preble": Kind(
+            _fixed(lambda s: peers.Preble()), "Preble E2: exploit long matches, explore by load"
+        ),
+        "aibrix-conductor": Kind(
+            _fixed(lambda s: peers.AIBrixConductor()),
+            "AIBrix prefill scorer: estimated TTFT per pod",
+        ),
+        "vllm-kvaware": Kind(
+            _fixed(lambda s: peers.VLLMKvaware()),
+            "vLLM production-stack kvaware: longest match or lowest load",
+        ),
+    }
+)
 """Every policy kind ``--compare`` accepts, by name (read-only)."""

@@ -40,11 +40,17 @@ def table(runs: Sequence[PolicyRun]) -> str:
                 r["load_imbalance"],
             ]
         )
-    cells = [[h for h, _ in _COLUMNS]] + [[fmt.format(v) for (_, fmt), v in zip(_COLUMNS, row, strict=True)] for row in rows]
+    cells = [[h for h, _ in _COLUMNS]] + [
+        [fmt.format(v) for (_, fmt), v in zip(_COLUMNS, row, strict=True)] for row in rows
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(_COLUMNS))]
     lines = []
     for k, row in enumerate(cells):
-        lines.append("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row)))
+        lines.append(
+            "  ".join(
+                c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row)
+            )
+        )
         if k == 0:
             lines.append("  ".join("-" * w for w in widths))
     best = min(runs, key=lambda r: r.report()["mean_ttft_s"])
@@ -93,7 +99,11 @@ def plot(runs: Sequence[PolicyRun], path: str | Path, title: str) -> None:
     adaptive = [r for r in runs if len(r.result.composition_timeline) > 1]
     nrows = 2 if adaptive else 1
     fig, axes = plt.subplots(
-        nrows, 1, figsize=(10, 4.5 + 1.5 * (nrows - 1)), sharex=True, squeeze=False,
+        nrows,
+        1,
+        figsize=(10, 4.5 + 1.5 * (nrows - 1)),
+        sharex=True,
+        squeeze=False,
         gridspec_kw={"height_ratios": [3, 1] if adaptive else [1]},
     )
     ax = axes[0][0]

@@ -43,7 +43,9 @@ def parse_policy_specs(text: str, gpus: int) -> list[PolicySpec]:
         kind, _, comp_text = entry.partition(":")
         kind = kind.strip()
         if kind not in KINDS:
-            raise ValueError(f"unknown policy {kind!r} in {entry!r}; known: {', '.join(sorted(KINDS))}")
+            raise ValueError(
+                f"unknown policy {kind!r} in {entry!r}; known: {', '.join(sorted(KINDS))}"
+            )
         comp: Composition | None = None
         if comp_text.strip():
             try:
@@ -51,7 +53,9 @@ def parse_policy_specs(text: str, gpus: int) -> list[PolicySpec]:
             except ValueError as e:
                 raise ValueError(f"policy {entry!r}: {e}") from None
             if comp.gpus > gpus:
-                raise ValueError(f"policy {entry!r}: composition {comp} uses {comp.gpus} GPUs, more than --gpus {gpus}")
+                raise ValueError(
+                    f"policy {entry!r}: composition {comp} uses {comp.gpus} GPUs, more than --gpus {gpus}"
+                )
             if not KINDS[kind].needs_composition and comp.gpus != gpus:
                 # An adaptive pool starts from the composition given (instead of
                 # the planner's pick) and keeps the whole budget.
@@ -85,7 +89,9 @@ class PolicyRun:
             mean_busy_fraction=float(np.mean(list(busy.values()))) if busy else 0.0,
             busy_fraction_by_worker={str(w): b for w, b in sorted(busy.items())},
             reconfigurations=self.result.reconfigurations,
-            composition_timeline=[{"t_s": t, "composition": c} for t, c in self.result.composition_timeline],
+            composition_timeline=[
+                {"t_s": t, "composition": c} for t, c in self.result.composition_timeline
+            ],
             wall_s=self.wall_s,
         )
         if self.phases:

@@ -55,7 +55,6 @@ __all__ = [
 MOONCAKE_BLOCK_SIZE = 512
 
 
-
 class TraceError(ValueError):
     """A trace that cannot be read: names the file, the line and the problem.
 

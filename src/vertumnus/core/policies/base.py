@@ -85,9 +85,7 @@ def decision_at(
     matched = pool.matched_blocks(request).get(worker_id, 0)
     p = cached_tokens(matched, request.length, pool.block_size)
     estimate = pool.model.predict(worker.degree, request.length - p, p)
-    return RouteDecision(
-        worker_id, estimate, p, preferred_degree, None, worker.outstanding_s, note
-    )
+    return RouteDecision(worker_id, estimate, p, preferred_degree, None, worker.outstanding_s, note)
 
 
 def least_loaded(workers: Sequence[WorkerState]) -> WorkerState:

@@ -38,7 +38,9 @@ from vertumnus.core.types import Request
 class Filter(Protocol):
     """Drops workers that must not take ``request`` (may return all, never adds)."""
 
-    def __call__(self, request: Request, pool: PoolView, workers: list[WorkerState]) -> list[WorkerState]: ...
+    def __call__(
+        self, request: Request, pool: PoolView, workers: list[WorkerState]
+    ) -> list[WorkerState]: ...
 
 
 class Scorer(Protocol):
@@ -48,7 +50,9 @@ class Scorer(Protocol):
     nothing about scores 0).
     """
 
-    def score(self, request: Request, pool: PoolView, workers: Sequence[WorkerState]) -> dict[int, float]: ...
+    def score(
+        self, request: Request, pool: PoolView, workers: Sequence[WorkerState]
+    ) -> dict[int, float]: ...
 
 
 class Picker(Protocol):

@@ -62,7 +62,5 @@ class CacheFirst(Policy):
         if not cands:
             return None
         matched = pool.matched_blocks(request)
-        best = max(
-            cands, key=lambda w: (matched.get(w.id, 0), -w.outstanding_s, -w.id)
-        )
+        best = max(cands, key=lambda w: (matched.get(w.id, 0), -w.outstanding_s, -w.id))
         return decision_at(request, best.id, pool)

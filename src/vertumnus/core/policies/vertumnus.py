@@ -30,7 +30,9 @@ class CostModelPolicy(Policy):
         flight = pool.inflight_blocks(request)
         if flight:
             matched = merge_matches(matched, flight)
-        p = place_fields(request.length, matched, pool.workers, pool.model, self.params, pool.block_size)
+        p = place_fields(
+            request.length, matched, pool.workers, pool.model, self.params, pool.block_size
+        )
         if p is None:
             return None
         worker, estimate_s, cached, cost, preferred_degree = p

@@ -78,7 +78,9 @@ class AIBrixConductor(Policy):
 
     def _index(self, block_size: int) -> GlobalTTLIndex:
         if self.index is None:
-            self.index = GlobalTTLIndex(max(1, self.index_capacity_tokens // block_size), self.index_ttl_s)
+            self.index = GlobalTTLIndex(
+                max(1, self.index_capacity_tokens // block_size), self.index_ttl_s
+            )
         return self.index
 
     def match_pct(self, request: Request, pool: PoolView) -> dict[int, int]:

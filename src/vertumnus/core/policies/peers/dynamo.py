@@ -103,7 +103,9 @@ class DynamoKV(Policy):
         # booking: Dynamo frees a sequence's slots when it is re-routed.
         self._release(request.id)
         overlap = pool.matched_blocks(request).get(worker, 0)
-        booked = _Active(worker, max(0, request.length - overlap * pool.block_size), len(request.block_keys))
+        booked = _Active(
+            worker, max(0, request.length - overlap * pool.block_size), len(request.block_keys)
+        )
         self._booked[request.id] = booked
         self.prefill_tokens[worker] = self.prefill_tokens.get(worker, 0) + booked.prefill_tokens
         self.active_blocks[worker] = self.active_blocks.get(worker, 0) + booked.blocks

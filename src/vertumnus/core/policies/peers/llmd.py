@@ -63,7 +63,9 @@ PRECISE = "precise"
 class ApproxPrefixScorer:
     """GIE ``prefix-cache-scorer``: fraction of the (capped) prompt blocks in the pod's LRU."""
 
-    def __init__(self, max_prefix_tokens: int = 256 * 16, lru_capacity_tokens: int = 31_250 * 16) -> None:
+    def __init__(
+        self, max_prefix_tokens: int = 256 * 16, lru_capacity_tokens: int = 31_250 * 16
+    ) -> None:
         self.max_prefix_tokens = max_prefix_tokens
         self.lru_capacity_tokens = lru_capacity_tokens
         self.index: WorkerLRUIndex | None = None
@@ -78,7 +80,9 @@ class ApproxPrefixScorer:
         n = min(request.length // block_size, max(1, self.max_prefix_tokens // block_size))
         return request.block_keys[:n]
 
-    def score(self, request: Request, pool: PoolView, workers: Sequence[WorkerState]) -> dict[int, float]:
+    def score(
+        self, request: Request, pool: PoolView, workers: Sequence[WorkerState]
+    ) -> dict[int, float]:
         keys = self.hashed(request, pool.block_size)
         if not keys:
             return {w.id: 0.0 for w in workers}
@@ -95,7 +99,9 @@ class ApproxPrefixScorer:
 class PrecisePrefixScorer:
     """llm-d ``precise-prefix-cache-scorer``: exact cached blocks, min-max over pods with a hit."""
 
-    def score(self, request: Request, pool: PoolView, workers: Sequence[WorkerState]) -> dict[int, float]:
+    def score(
+        self, request: Request, pool: PoolView, workers: Sequence[WorkerState]
+    ) -> dict[int, float]:
         matched = pool.matched_blocks(request)
         hits = {w.id: float(matched[w.id]) for w in workers if matched.get(w.id, 0) > 0}
         normed = min_max(hits)
@@ -105,7 +111,9 @@ class PrecisePrefixScorer:
 class QueueScorer:
     """GIE ``queue-scorer``: min-max of the waiting queue, inverted."""
 
-    def score(self, request: Request, pool: PoolView, workers: Sequence[WorkerState]) -> dict[int, float]:
+    def score(
+        self, request: Request, pool: PoolView, workers: Sequence[WorkerState]
+    ) -> dict[int, float]:
         return min_max_inverted({w.id: float(w.queued) for w in workers})
 
 
@@ -124,7 +132,9 @@ class KVCacheUtilizationScorer:
             return 0.0
         return min(1.0, next(iter(q.values())) / w.cache_capacity_blocks)
 
-    def score(self, request: Request, pool: PoolView, workers: Sequence[WorkerState]) -> dict[int, float]:
+    def score(
+        self, request: Request, pool: PoolView, workers: Sequence[WorkerState]
+    ) -> dict[int, float]:
         return {w.id: 1.0 - self.usage(w) for w in workers}
 
     def placed(self, request: Request, worker: int) -> None:

@@ -98,7 +98,9 @@ class SGLangCacheAware(Policy):
         matched_tokens = min(best_depth * pool.block_size, request.length)
         if best_depth > 0 and matched_tokens / request.length > self.cache_threshold:
             tied = sorted(w for w, d in depths.items() if d == best_depth)
-            return decision_at(request, tied[self.rng.randrange(len(tied))] if len(tied) > 1 else tied[0], pool)
+            return decision_at(
+                request, tied[self.rng.randrange(len(tied))] if len(tied) > 1 else tied[0], pool
+            )
         return decision_at(request, min(cands, key=lambda w: (self.tree.size(w.id), w.id)).id, pool)
 
     def observe_placed(self, request: Request, decision: RouteDecision, pool: PoolView) -> None:
