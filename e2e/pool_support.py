@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_redis_helper():  # type: ignore[no-untyped-def]
-    """``tests/redis_server.py`` (RedisServer, redis_server_binary)."""
+    """``tests/redis_server.py`` (RedisServer, redis_server_binary, with_parent_death)."""
     name = "vertumnus_tests_redis_server"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "redis_server.py")
@@ -115,7 +115,10 @@ class Engine:
         if self.worker_ids is not None:
             cmd += ["--worker-ids", ",".join(map(str, self.worker_ids))]
         self.proc = subprocess.Popen(
-            cmd, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
+            load_redis_helper().with_parent_death(cmd),
+            stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout_s
         with grpc.insecure_channel(self.address) as ch:
@@ -190,6 +193,12 @@ class RouterProcess:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 60.0) -> RouterProcess:
+        return self.spawn().wait_ready(timeout_s)
+
+    def spawn(self) -> RouterProcess:
+        """Start the process without waiting. Call it from a thread that outlives the
+        router: the parent-death signal fires when the *thread* that started the
+        child ends (a worker thread of asyncio.to_thread would kill it with itself)."""
         cmd = [
             sys.executable,
             "-m",
@@ -204,8 +213,16 @@ class RouterProcess:
         for e in self.engines:
             cmd += ["--engine", e]
         self.proc = subprocess.Popen(
-            cmd, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
+            load_redis_helper().with_parent_death(cmd),
+            stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
+        return self
+
+    def wait_ready(self, timeout_s: float = 60.0) -> RouterProcess:
+        """Block until the router answers GetPool (or fail naming its log)."""
+        assert self.proc is not None
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:

@@ -201,7 +201,8 @@ def test_a_router_restarted_under_load_recovers_and_loses_nothing(engine, redis,
         await asyncio.sleep(1.0)
         router.kill()
         t0 = time.monotonic()
-        await asyncio.to_thread(router.start)
+        router.spawn()  # in this thread, which outlives the router (see spawn)
+        await asyncio.to_thread(router.wait_ready)
         return time.monotonic() - t0
 
     async def scenario():  # type: ignore[no-untyped-def]

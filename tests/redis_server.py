@@ -54,11 +54,12 @@ def redis_server_binary() -> str:
     return binary
 
 
-def _with_parent_death(cmd: list[str]) -> list[str]:
+def with_parent_death(cmd: list[str]) -> list[str]:
     """``cmd`` run so that it gets SIGKILL when the process that started it dies (Linux,
     util-linux ``setpriv``), so a killed test run leaves no redis-server behind. No
     ``preexec_fn``: Python code in a child forked from a process with gRPC threads can
-    crash it (seen: SIGSEGV)."""
+    crash it (seen: SIGSEGV). The signal follows the *thread* that started the child:
+    start it from one that outlives it (not a to_thread worker)."""
     setpriv = shutil.which("setpriv")
     return [setpriv, "--pdeathsig", "KILL", *cmd] if setpriv else cmd
 
@@ -110,7 +111,7 @@ class RedisServer:
         log = self.workdir / "redis.log"
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
-                _with_parent_death([self.binary, str(self._write_config())]),
+                with_parent_death([self.binary, str(self._write_config())]),
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )

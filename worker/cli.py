@@ -187,6 +187,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0,
         help="seed of the tiny model's random weights (default %(default)s; unused with --model)",
     )
+    s.add_argument(
+        "--exit-with",
+        type=int,
+        default=None,
+        metavar="PID",
+        help="stop (draining first) when process PID ends; `vertumnus up` passes its own",
+    )
     s.set_defaults(func=cmd_serve)
 
 
@@ -342,6 +349,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     for sig in previous:
         signal.signal(sig, on_signal)
+    if args.exit_with is not None:
+        from .lifetime import on_exit_of
+
+        on_exit_of(args.exit_with, stop.set)
     try:
         return _serve(args, slots, stop)
     finally:

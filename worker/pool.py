@@ -15,6 +15,7 @@ calling thread, before :meth:`RankPool.call` returns.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import socket
 import threading
@@ -78,7 +79,7 @@ class RankPool:
         self._procs = [
             ctx.Process(
                 target=rank_main,
-                args=(r, world, port, spec, self._commands[r], self._results[r]),
+                args=(r, world, port, spec, self._commands[r], self._results[r], os.getpid()),
                 daemon=True,
                 name=f"vertumnus-rank-{r}",
             )

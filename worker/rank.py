@@ -19,7 +19,6 @@ workers, then sends :class:`Shutdown`).
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import traceback
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from vertumnus.core.lattice import Slot
 
 from .blocks import Block
+from .lifetime import on_exit_of
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -132,11 +132,15 @@ def rank_main(
     spec: RankSpec,
     commands: Queue[Command | Shutdown],
     results: Queue[Answer],
+    host_pid: int,
 ) -> None:
-    """Entry point of a rank process (spawned by the pool)."""
+    """Entry point of a rank process (spawned by the pool in process ``host_pid``)."""
     import torch
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The rank may be inside a collective that will never finish when its host
+    # goes: nothing to clean up cooperatively, leave at once.
+    on_exit_of(host_pid, lambda: os._exit(3))
     torch.set_num_threads(spec.threads)
     try:
         state = _RankState(rank, world, port, spec)
@@ -144,14 +148,8 @@ def rank_main(
         results.put(("error", f"rank {rank} failed to start: {exc!r}", [], traceback.format_exc()))
         return
     results.put(("ready", state.info(), [], ""))
-    parent = os.getppid()
     while True:
-        try:
-            cmd = commands.get(timeout=1.0)
-        except queue.Empty:
-            if os.getppid() != parent:  # the pool died: do not linger
-                break
-            continue
+        cmd = commands.get()
         if isinstance(cmd, Shutdown):
             break
         try:

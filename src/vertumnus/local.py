@@ -141,6 +141,9 @@ class LocalPool:
                 str(s.max_tokens),
                 "--worker-ids",
                 ",".join(map(str, ids)),
+                # An `up` killed outright (SIGKILL, OOM) takes its engines with it.
+                "--exit-with",
+                str(os.getpid()),
             ]
             log = (self.logs / f"engine-{d}.log").open("wb")
             self.engines.append(
@@ -322,7 +325,9 @@ def register(sub: Any) -> None:
         help="prefill-time profile for placement (default cpu-tiny)",
     )
     p.add_argument(
-        "--no-controller", action="store_true", help="no composition controller (fixed composition)"
+        "--no-controller",
+        action="store_true",
+        help="no composition controller: the composition changes only on `vertumnus admin split|merge`",
     )
     store = p.add_mutually_exclusive_group()
     store.add_argument(
