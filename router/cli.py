@@ -4,6 +4,12 @@ Registered into the main ``vertumnus`` parser by :func:`register`; gRPC and
 Redis are imported only when the command runs. Exit codes: 0 after a clean
 stop (SIGINT, SIGTERM), 2 for bad input (a message naming it on stderr), 1
 if the pool cannot be reached.
+
+The settings come from ``--config router.json`` (what the operator writes into
+the pool's ConfigMap, :mod:`vertumnus.router.config`), then from the flags: a
+flag given on the command line overrides the file, a flag left out keeps it
+(flags therefore default to None here, and :func:`router_config_from_args`
+fills in the file's value, else the settings' default).
 """
 
 from __future__ import annotations
@@ -11,6 +17,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vertumnus.router.config import RouterConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,42 +35,63 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument(
+        "--config",
+        default=None,
+        metavar="ROUTER_JSON",
+        help="read the settings from this router.json, the operator's ConfigMap <pool>-router "
+        "(pool, port, metricsPort, admissionLimit, model.profile, placement, cacheManager, redis, "
+        "engines; namespace, model.name/path, engine, domainSize and controller's window are "
+        "informational and ignored); flags given here override it",
+    )
+    p.add_argument(
         "--engine",
         action="append",
-        required=True,
+        default=None,
         metavar="HOST:PORT",
-        help="rank 0's address of one engine (an NVLink domain); repeat once per domain, in domain order",
+        help="rank 0's address of one engine (an NVLink domain); repeat once per domain, in domain "
+        "order; replaces the file's engines (required without --config)",
     )
     p.add_argument(
         "--listen",
-        default="127.0.0.1:50050",
-        help="HOST:PORT of the public API (default %(default)s)",
+        default=None,
+        help="HOST:PORT of the public API (default 127.0.0.1:50050; the file's port on 0.0.0.0)",
     )
     p.add_argument(
         "--metrics-listen",
-        default="127.0.0.1:9464",
-        help="HOST:PORT of /metrics (default %(default)s; empty for none)",
+        default=None,
+        help="HOST:PORT of /metrics (default 127.0.0.1:9464; empty for none)",
     )
     p.add_argument(
         "--pool",
-        default="local",
-        help="the pool's name, part of the index's namespace (default %(default)s)",
+        default=None,
+        help="the pool's name, part of the index's namespace (default local)",
     )
     p.add_argument(
         "--profile",
-        default="cpu-tiny",
-        help="prefill-time profile placement predicts with: bundled name or .json path (default %(default)s)",
+        default=None,
+        help="prefill-time profile placement predicts with: bundled name or .json path (default cpu-tiny)",
     )
+    p.add_argument(
+        "--beta", type=float, default=None, help="placement beta when no worker has a queue (>= 1)"
+    )
+    p.add_argument(
+        "--beta-busy",
+        type=float,
+        default=None,
+        help="placement beta when every worker has a queue (>= beta; = beta for a fixed beta)",
+    )
+    p.add_argument("--lambda", dest="lam", type=float, default=None, help="placement lambda (>= 0)")
     p.add_argument(
         "--redis-url",
         default=None,
         help="share the prefix index and the load through Redis (redis://host:port/db); the password "
-        "comes from VERTUMNUS_REDIS_PASSWORD(_FILE), never from the command line",
+        "comes from VERTUMNUS_REDIS_PASSWORD(_FILE) (or the variable the file's redis.passwordEnv "
+        "names), never from the command line",
     )
     p.add_argument(
         "--index-source",
         choices=("workers", "store"),
-        default="workers",
+        default=None,
         help="follow the engines' cache events (default), or the shared store's changes (a second replica)",
     )
     p.add_argument(
@@ -68,13 +100,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--admission-limit",
         type=int,
-        default=1024,
-        help="requests accepted and not finished, at most (default %(default)s)",
+        default=None,
+        help="requests accepted and not finished, at most (default 1024)",
     )
     p.add_argument(
         "--no-cache-manager",
         action="store_true",
-        help="run without the global prefix-cache manager",
+        help="run without the global prefix-cache manager (whatever the file says)",
+    )
+    p.add_argument(
+        "--no-share-load",
+        action="store_true",
+        help="with Redis: do not exchange outstanding work with the other replicas",
     )
     p.add_argument(
         "--controller",
@@ -90,39 +127,92 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_router)
 
 
+def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
+    """The file's settings (if ``--config``) with the flags given over them.
+
+    Raises ValueError (a message naming the file's key or the flag) for bad input.
+    """
+    from vertumnus.router.config import RouterConfig, load_router_config
+
+    base = load_router_config(args.config) if args.config else RouterConfig()
+    s = base.settings
+    changes: dict[str, Any] = {
+        name: value
+        for name, value in (
+            ("listen", args.listen),
+            ("metrics_listen", args.metrics_listen),
+            ("pool", args.pool),
+            ("profile", args.profile),
+            ("admission_limit", args.admission_limit),
+            ("index_source", args.index_source),
+        )
+        if value is not None
+    }
+    placement = {
+        name: value
+        for name, value in (("beta", args.beta), ("beta_busy", args.beta_busy), ("lam", args.lam))
+        if value is not None
+    }
+    if placement:
+        try:
+            changes["placement"] = replace(s.placement, **placement)
+        except ValueError as e:
+            over = f" over {args.config}'s placement" if args.config else ""
+            raise ValueError(f"--beta/--beta-busy/--lambda{over}: {e}") from None
+    if args.no_cache_manager:
+        changes["cache_manager"] = None
+    if args.no_share_load:
+        changes["share_load"] = False
+    if args.controller:
+        from vertumnus.core.planner import PlannerSettings
+
+        changes["controller"] = PlannerSettings()
+    engines = tuple(args.engine) if args.engine else base.engines
+    if not engines:
+        raise ValueError(
+            "no engines: give --engine HOST:PORT once per domain, or --config with engines"
+        )
+    return RouterConfig(
+        settings=replace(s, **changes),
+        engines=engines,
+        redis_url=args.redis_url or base.redis_url,
+        redis_password_env=base.redis_password_env,
+    )
+
+
 def cmd_router(args: argparse.Namespace) -> int:
-    from vertumnus.core.cachesettings import CacheManagerSettings
-    from vertumnus.core.planner import PlannerSettings
     from vertumnus.router.logs import configure_logging
     from vertumnus.router.serve import serve
-    from vertumnus.router.settings import RouterSettings
 
     try:
-        settings = RouterSettings(
-            listen=args.listen,
-            metrics_listen=args.metrics_listen,
-            pool=args.pool,
-            profile=args.profile,
-            admission_limit=args.admission_limit,
-            cache_manager=None if args.no_cache_manager else CacheManagerSettings(),
-            controller=PlannerSettings() if args.controller else None,
-            index_source=args.index_source,
-        )
+        config = router_config_from_args(args)
+        store = _store(config)
     except ValueError as e:
         print(f"vertumnus: error: {e}", file=sys.stderr)
         return 2
+    settings = config.settings
     configure_logging(args.log_format)
-    store = None
-    if args.redis_url:
-        from vertumnus.router.mirror import redis_store_for
-
-        store = redis_store_for(
-            args.redis_url, settings.pool, settings.profile, follow=args.index_source == "store"
-        )
     try:
-        return asyncio.run(serve(settings, args.engine, store=store, router_id=args.router_id))
+        return asyncio.run(serve(settings, config.engines, store=store, router_id=args.router_id))
     except OSError as e:
         print(f"vertumnus: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 0
+
+
+def _store(config: RouterConfig) -> Any:
+    """The shared store, or None without a Redis URL (a RedisConfigError is a ValueError)."""
+    if not config.redis_url:
+        return None
+    from vertumnus.router.mirror import redis_store_for
+
+    # Never a password here: it stays in the environment (or a file) redis_client reads.
+    s = config.settings
+    return redis_store_for(
+        config.redis_url,
+        s.pool,
+        s.profile,
+        follow=s.index_source == "store",
+        password_env=config.redis_password_env,
+    )

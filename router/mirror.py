@@ -39,13 +39,20 @@ _REWRITE_BATCH = 10_000
 """Blocks per script when a worker's entries are written back whole."""
 
 
-def redis_store_for(url: str, pool: str, profile: str, *, follow: bool = False) -> MirroredStore:
-    """A mirrored store on the Redis at ``url``, in the pool's and model's namespace."""
+def redis_store_for(
+    url: str, pool: str, profile: str, *, follow: bool = False, password_env: str | None = None
+) -> MirroredStore:
+    """A mirrored store on the Redis at ``url``, in the pool's and model's namespace.
+
+    ``password_env``: the variable holding the password (router.json's
+    ``redis.passwordEnv``), read before ``VERTUMNUS_REDIS_PASSWORD``; see
+    :func:`~vertumnus.router.redis_conn.redis_client`.
+    """
     from vertumnus.router.redis_conn import redis_client
     from vertumnus.router.redis_store import RedisTrieStore
 
     namespace = f"{pool}/{profile}".replace("{", "").replace("}", "")
-    client = redis_client(url)
+    client = redis_client(url, password_env=password_env)
     return MirroredStore(RedisTrieStore(client, namespace), client, follow=follow)
 
 

@@ -244,6 +244,8 @@ def test_wheel_builds_and_imports_alone(tmp_path):
         "import vertumnus, vertumnus.core.placement, vertumnus.sim.engine, vertumnus.profiles, vertumnus.worker\n"
         f"assert vertumnus.__file__.startswith({str(target)!r}), vertumnus.__file__\n"
         "from vertumnus.profiles import load_model; print(load_model().name)\n"
+        "from vertumnus.operator.__main__ import main as operator_main\n"
+        "assert operator_main(['crds']) == 0\n"
         "from vertumnus.cli import main; raise SystemExit(main(['profiles']))\n"
     )
     p = subprocess.run(
@@ -251,3 +253,5 @@ def test_wheel_builds_and_imports_alone(tmp_path):
     )
     assert p.returncode == 0, p.stderr
     assert "qwen3-30b-a3b/h200" in p.stdout
+    # The CRDs come from the wheel's package data (there is no crds/ beside an install).
+    assert "name: cppools.vertumnus.io" in p.stdout and "clusterkopfpeerings.kopf.dev" in p.stdout

@@ -4,7 +4,7 @@
 
     python -m vertumnus.operator run [--namespace NS ...] [--standalone] [--priority N]
                                      [--peering NAME] [--liveness URL] [--verbose]
-    python -m vertumnus.operator crds [--write]      # print crds/*.yaml; --write refreshes the chart's copy
+    python -m vertumnus.operator crds [--write]      # print the CRDs; --write refreshes crds/'s copies
     python -m vertumnus.operator render -f cppool.yaml [--uid UID]   # the objects a CPPool becomes
 
 ``run`` watches CPPools in every namespace (or only the ``--namespace`` ones) with kopf.
@@ -13,6 +13,11 @@ Peering (on unless ``--standalone``): replicas share the peering object ``--peer
 the one with the highest priority acts. The priority defaults to a number derived from
 the pod name ($POD_NAME, else the host name), so two replicas of a Deployment differ and
 exactly one acts; equal priorities would make kopf pause both (never both act).
+
+``crds`` prints the CRDs the package ships (``vertumnus/operator/crds/``, package data),
+so it works from an installed wheel, where the repository's ``crds/`` does not exist.
+``crds/`` stays the single source of truth: in a checkout, ``--write`` copies it into
+the package and into the Helm chart (tests/operator/test_crd.py fails if they drift).
 """
 
 from __future__ import annotations
@@ -25,13 +30,17 @@ import shutil
 import sys
 import zlib
 from collections.abc import Sequence
+from importlib import resources
 from pathlib import Path
 
 __all__ = ["default_priority", "main"]
 
 ROOT = Path(__file__).resolve().parents[2]
+"""The repository root, when running from a checkout (an installed package has none)."""
 CRDS = ROOT / "crds"
 CHART_CRDS = ROOT / "deploy" / "helm" / "vertumnus" / "crds"
+PACKAGE_CRDS = Path(__file__).resolve().parent / "crds"
+"""The copy shipped in the package (checkout path; read through importlib.resources)."""
 
 
 def default_priority(identity: str | None = None) -> int:
@@ -73,16 +82,43 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def packaged_crds() -> list[tuple[str, str]]:
+    """(file name, YAML) of every CRD the package ships, by name."""
+    folder = resources.files("vertumnus.operator") / "crds"
+    return sorted(
+        (f.name, f.read_text(encoding="utf-8"))
+        for f in folder.iterdir()
+        if f.name.endswith(".yaml")
+    )
+
+
 def _crds(args: argparse.Namespace) -> int:
-    files = sorted(CRDS.glob("*.yaml"))
     if args.write:
-        CHART_CRDS.mkdir(parents=True, exist_ok=True)
+        return _write_crds()
+    crds = packaged_crds()
+    if not crds:  # a broken install: say so instead of printing nothing
+        print("vertumnus operator: error: no CRDs in the installed package", file=sys.stderr)
+        return 1
+    for _, text in crds:
+        sys.stdout.write(text)
+    return 0
+
+
+def _write_crds() -> int:
+    """Copy crds/*.yaml (the source of truth) to the chart's and the package's copies."""
+    files = sorted(CRDS.glob("*.yaml"))
+    if not files:
+        print(
+            f"vertumnus operator: error: crds --write refreshes a checkout's copies, and there "
+            f"is no {CRDS} here (an installed package?)",
+            file=sys.stderr,
+        )
+        return 2
+    for target in (CHART_CRDS, PACKAGE_CRDS):
+        target.mkdir(parents=True, exist_ok=True)
         for f in files:
-            shutil.copyfile(f, CHART_CRDS / f.name)
-            print(f"wrote {CHART_CRDS / f.name}")
-        return 0
-    for f in files:
-        sys.stdout.write(f.read_text())
+            shutil.copyfile(f, target / f.name)
+            print(f"wrote {target / f.name}")
     return 0
 
 
@@ -169,8 +205,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
     )
     r.add_argument("--verbose", action="store_true")
-    c = sub.add_parser("crds", help="print the CRDs (crds/*.yaml)")
-    c.add_argument("--write", action="store_true", help="copy them into the Helm chart's crds/")
+    c = sub.add_parser("crds", help="print the CRDs (the package's copy of crds/*.yaml)")
+    c.add_argument(
+        "--write",
+        action="store_true",
+        help="in a checkout: copy crds/*.yaml into the Helm chart's crds/ and the package's",
+    )
     d = sub.add_parser("render", help="print the objects a CPPool renders to (a List, JSON)")
     d.add_argument("-f", "--file", required=True)
     d.add_argument("--namespace", default=None)

@@ -39,6 +39,7 @@ __all__ = [
     "ANN_GROUPING",
     "ANN_MERGE",
     "ANN_ROUTER_ADDRESSES",
+    "ANN_ROUTER_CONFIG_HASH",
     "ANN_SPLIT",
     "ANN_SPEC_HASH",
     "GPU_RESOURCE",
@@ -53,6 +54,8 @@ __all__ = [
     "parse_grouping",
     "pod_name",
     "redis_objects",
+    "router_args",
+    "router_config",
     "router_deployment",
     "router_service",
 ]
@@ -76,6 +79,11 @@ ANN_MERGE = "vertumnus.io/merge"
 
 PODINFO = "/etc/vertumnus/pod"
 ROUTER_CONFIG = "/etc/vertumnus/router"
+ROUTER_CONFIG_FILE = f"{ROUTER_CONFIG}/router.json"
+"""Where the router pod reads :func:`router_config` (``vertumnus router --config``)."""
+ANN_ROUTER_CONFIG_HASH = "vertumnus.io/router-config-hash"
+"""On the router's pod template: a digest of ``router.json``, so that a spec change that
+changes it rolls the router (a running router reads the file only at start)."""
 
 
 class Owner:
@@ -360,34 +368,18 @@ def redis_url(spec: PoolSpec, owner: Owner) -> str | None:
 
 
 def router_args(spec: PoolSpec, owner: Owner) -> list[str]:
-    """``vertumnus router`` (router/cli.py) for this pool: one ``--engine`` per domain pod
-    (rank 0's address, in domain order), its ports, profile, admission limit, Redis. The
-    operator runs the transitions, so no ``--controller``."""
-    r = spec.router
-    args = ["vertumnus", "router"]
-    for d in range(spec.domains):
-        host = f"{pod_name(owner.name, d)}.{owner.name}-engines.{owner.namespace}.svc"
-        args += ["--engine", f"{host}:{spec.engine.base_port}"]
-    args += [
-        "--listen",
-        f"0.0.0.0:{r.port}",
-        "--metrics-listen",
-        f"0.0.0.0:{r.metrics_port}",
-        "--pool",
-        owner.name,
-        "--profile",
-        spec.model.profile,
-        "--admission-limit",
-        str(r.admission_limit),
-        "--router-id",
-        "$(POD_NAME)",
-    ]
-    url = redis_url(spec, owner)
-    if url:
-        args += ["--redis-url", url]
-    if not spec.cache_manager.enabled:
-        args.append("--no-cache-manager")
-    return args
+    """``vertumnus router`` (router/cli.py) for this pool: everything in ``router.json``
+    (engines, ports, profile, admission limit, placement, cache manager, Redis: see
+    :func:`router_config`), mounted from the ConfigMap, and the replica's name, which only
+    the pod knows. The operator runs the transitions, so no ``--controller``; the Redis
+    password is in the environment (``VERTUMNUS_REDIS_PASSWORD``), never here."""
+    return ["vertumnus", "router", "--config", ROUTER_CONFIG_FILE, "--router-id", "$(POD_NAME)"]
+
+
+def router_config_hash(spec: PoolSpec, owner: Owner) -> str:
+    """A digest of ``router.json`` (not ``layout.json``: an epoch switch must not restart
+    the router, which learns the grouping from the engines)."""
+    return spec_hash(router_config(spec, owner))
 
 
 def router_deployment(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
@@ -408,8 +400,8 @@ def router_deployment(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
                     {"name": "metrics", "containerPort": r.metrics_port},
                 ],
                 "readinessProbe": {"grpc": {"port": r.port}, "periodSeconds": 5},
-                # router.json / layout.json: the pool's settings and grouping in force, for a
-                # router that reads them (placement and cache-manager settings have no flag yet).
+                # router.json: the pool's settings, which the router reads at start
+                # (--config); layout.json: the grouping in force.
                 "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG, "readOnly": True}],
             }
         ],
@@ -426,7 +418,13 @@ def router_deployment(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
         "spec": {
             "replicas": r.replicas,
             "selector": {"matchLabels": {LABEL_POOL: owner.name, LABEL_COMPONENT: "router"}},
-            "template": {"metadata": {"labels": labels}, "spec": pod},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {ANN_ROUTER_CONFIG_HASH: router_config_hash(spec, owner)},
+                },
+                "spec": pod,
+            },
         },
     }
 

@@ -23,17 +23,30 @@ def _schema() -> dict[str, Any]:
     return version["schema"]["openAPIV3Schema"]["properties"]["spec"]
 
 
-def test_the_chart_ships_the_crds_byte_for_byte():
-    chart = ROOT / "deploy" / "helm" / "vertumnus" / "crds"
+@pytest.mark.parametrize("copy", ["deploy/helm/vertumnus/crds", "operator/vertumnus_operator/crds"])
+def test_the_chart_and_the_package_ship_the_crds_byte_for_byte(copy):
+    folder = ROOT / copy
     ours = sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
     assert (
-        ours == sorted(p.name for p in chart.glob("*.yaml")) == ["cppool.yaml", "kopf-peering.yaml"]
+        ours
+        == sorted(p.name for p in folder.glob("*.yaml"))
+        == ["cppool.yaml", "kopf-peering.yaml"]
     )
     for name in ours:
-        assert (chart / name).read_bytes() == (ROOT / "crds" / name).read_bytes(), (
-            f"deploy/helm/vertumnus/crds/{name} drifted from crds/{name}: "
-            "run python -m vertumnus.operator crds --write"
+        assert (folder / name).read_bytes() == (ROOT / "crds" / name).read_bytes(), (
+            f"{copy}/{name} drifted from crds/{name}: run python -m vertumnus.operator crds --write"
         )
+
+
+def test_crds_prints_the_packaged_copy():
+    """What `python -m vertumnus.operator crds` prints comes from the package (a wheel has
+    no crds/ folder), and is crds/ itself."""
+    from vertumnus.operator.__main__ import packaged_crds
+
+    shipped = packaged_crds()
+    assert [name for name, _ in shipped] == ["cppool.yaml", "kopf-peering.yaml"]
+    for name, text in shipped:
+        assert text == (ROOT / "crds" / name).read_text(encoding="utf-8")
 
 
 def _defaults(schema: dict[str, Any]) -> dict[str, Any]:

@@ -190,15 +190,41 @@ def test_the_router_gets_its_settings_and_the_layout():
         "name": "VERTUMNUS_REDIS_PASSWORD",
         "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}},
     }
-    # The router's own command line (router/cli.py): one --engine per domain, in order.
-    args = c["args"]
-    assert args[:2] == ["vertumnus", "router"]
-    engines = [args[i + 1] for i, a in enumerate(args) if a == "--engine"]
-    assert engines == ["pool-d0.pool-engines.ns.svc:50051", "pool-d1.pool-engines.ns.svc:50051"]
-    assert args[args.index("--listen") + 1] == "0.0.0.0:50050"
-    assert args[args.index("--redis-url") + 1] == "redis://r:6379/0"
-    assert args[args.index("--router-id") + 1] == "$(POD_NAME)" and "--controller" not in args
+    # The router reads router.json from the mounted ConfigMap; only its name is a flag.
+    assert c["args"] == [
+        "vertumnus",
+        "router",
+        "--config",
+        "/etc/vertumnus/router/router.json",
+        "--router-id",
+        "$(POD_NAME)",
+    ]
+    (mount,) = c["volumeMounts"]
+    assert mount["mountPath"] + "/router.json" == c["args"][3]
+    assert dep["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"] == "pool-router"
     assert res.redis_objects(spec, OWNER) == []
+
+
+def test_a_router_json_change_rolls_the_router_and_an_epoch_switch_does_not():
+    """The router reads router.json only at start: its digest is on the pod template."""
+
+    def template(spec):
+        return res.router_deployment(spec, OWNER)["spec"]["template"]
+
+    base = template(_spec())
+    assert base == template(_spec())
+    changed = template(_spec(placement={"beta": 2.0}))
+    assert (
+        changed["metadata"]["annotations"][res.ANN_ROUTER_CONFIG_HASH]
+        != base["metadata"]["annotations"][res.ANN_ROUTER_CONFIG_HASH]
+    )
+    assert changed["spec"] == base["spec"]
+    # The layout (layout.json, per epoch) is not part of the Deployment at all.
+    spec = _spec()
+    a = res.configmap(spec, OWNER, layout_for(Composition.parse("2xCP8"), 8), 1)
+    b = res.configmap(spec, OWNER, layout_for(Composition.parse("4xCP4"), 8), 2)
+    assert a["data"]["router.json"] == b["data"]["router.json"]
+    assert a["data"]["layout.json"] != b["data"]["layout.json"]
 
 
 def test_every_object_is_owned_and_labelled():
@@ -222,26 +248,36 @@ def test_every_object_is_owned_and_labelled():
     assert redis["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "pool-redis", "key": "password"}
 
 
-def test_the_router_command_line_parses_with_the_routers_own_parser():
-    """The Deployment's args are what `vertumnus router` (router/cli.py) accepts."""
+def test_the_router_command_line_parses_with_the_routers_own_parser(tmp_path):
+    """The Deployment's args are what `vertumnus router` (router/cli.py) accepts, and with
+    the ConfigMap's router.json at the mount path they give the pool's settings."""
     import argparse
 
-    from vertumnus.router.cli import register
+    from vertumnus.router.cli import register, router_config_from_args
 
     parser = argparse.ArgumentParser(prog="vertumnus")
     register(parser.add_subparsers(dest="command"))
-    spec = _spec(redis={"mode": "managed"}, cacheManager={"enabled": False})
+    spec = _spec(
+        redis={"mode": "managed"},
+        cacheManager={"enabled": False},
+        placement={"beta": 1.5, "betaBusy": 6.0, "lambda": 0.2},
+    )
     args = res.router_deployment(spec, OWNER)["spec"]["template"]["spec"]["containers"][0]["args"]
-    ns = parser.parse_args([a.replace("$(POD_NAME)", "pool-router-abc") for a in args[1:]])
-    assert ns.command == "router" and ns.engine == [
+    layout = layout_for(Composition.parse("2xCP8"), 8)
+    mounted = tmp_path / "router.json"
+    mounted.write_text(res.configmap(spec, OWNER, layout, 1)["data"]["router.json"])
+    argv = [a.replace("$(POD_NAME)", "pool-router-abc") for a in args[1:]]
+    ns = parser.parse_args([str(mounted) if a == res.ROUTER_CONFIG_FILE else a for a in argv])
+    assert ns.command == "router" and ns.router_id == "pool-router-abc" and not ns.controller
+    config = router_config_from_args(ns)
+    assert config.engines == (
         "pool-d0.pool-engines.ns.svc:50051",
         "pool-d1.pool-engines.ns.svc:50051",
-    ]
-    assert (ns.listen, ns.metrics_listen, ns.pool, ns.router_id) == (
-        "0.0.0.0:50050",
-        "0.0.0.0:9090",
-        "pool",
-        "pool-router-abc",
     )
-    assert ns.redis_url == "redis://pool-redis.ns.svc:6379/0" and ns.no_cache_manager
-    assert ns.profile == "qwen3-30b-a3b/h200" and not ns.controller
+    s = config.settings
+    assert (s.listen, s.metrics_listen, s.pool) == ("0.0.0.0:50050", "0.0.0.0:9090", "pool")
+    assert config.redis_url == "redis://pool-redis.ns.svc:6379/0"
+    assert config.redis_password_env == "VERTUMNUS_REDIS_PASSWORD"
+    assert s.cache_manager is None and s.controller is None
+    assert s.profile == "qwen3-30b-a3b/h200" and s.admission_limit == 1024
+    assert (s.placement.beta, s.placement.beta_busy, s.placement.lam) == (1.5, 6.0, 0.2)
