@@ -121,9 +121,21 @@ def test_bad_requests_are_refused_naming_the_field(engine) -> None:
                         out[name] = (e.code(), e.details())
                 # The router still serves.
                 ok = await _send(stub, "fine", [1, 2, 3])
-            return out, ok
         finally:
             await running.stop()
+        # A router whose transitions an operator runs refuses to split behind its back.
+        operated = await start_router(settings(external_controller=True), [engine.address])
+        try:
+            async with grpc.aio.insecure_channel(operated.address) as ch:
+                admin = pool_pb2_grpc.AdminStub(ch)
+                worker = (await admin.GetPool(pool_pb2.GetPoolRequest())).workers[0].worker
+                try:
+                    await admin.Reconfigure(pool_pb2.ReconfigureRequest(split=worker))
+                except grpc.aio.AioRpcError as e:
+                    out["split-operated"] = (e.code(), e.details())
+        finally:
+            await operated.stop()
+        return out, ok
 
     out, ok = asyncio.run(scenario())
     bad = grpc.StatusCode.INVALID_ARGUMENT
@@ -140,7 +152,12 @@ def test_bad_requests_are_refused_naming_the_field(engine) -> None:
         "token_ids: 2049 tokens, more than the pool's maximum of 2048 (request e4)",
     )
     assert out["drain-unknown"] == (grpc.StatusCode.NOT_FOUND, "worker 77 is not in the pool")
-    assert out["split-unknown"][0] == grpc.StatusCode.FAILED_PRECONDITION  # no controller here
+    assert out["split-unknown"] == (
+        grpc.StatusCode.NOT_FOUND,
+        "split: worker 77 is not in the pool",
+    )
+    assert out["split-operated"][0] == grpc.StatusCode.FAILED_PRECONDITION
+    assert "operator" in out["split-operated"][1]
     assert out["no-op"][0] == bad
     assert ok.first_token_id >= 0
 

@@ -22,7 +22,7 @@ metric                                                 peers' counterpart
 ``vertumnus_cache_manager_{copies,reclaims}_total``    —
 ``vertumnus_reconfigurations_total{kind}``,            —
 ``vertumnus_reconfiguration_{drain,switch,total}_seconds``
-``vertumnus_cache_events_{total,gaps,resyncs,drops}``  —
+``vertumnus_cache_events_{events,gaps,resyncs,drops}`` —
 =====================================================  ==================================================
 """
 
@@ -64,6 +64,12 @@ class RouterMetrics:
             "vertumnus_router_placement_seconds",
             "Validation, admission and placement of one request.",
             buckets=_FAST_BUCKETS,
+            registry=r,
+        )
+        self._slo = Counter(
+            "vertumnus_router_slo_requests",
+            "Completed requests that set a TTFT target, by whether they met it.",
+            ["met"],
             registry=r,
         )
         self._outcomes = Counter(
@@ -178,8 +184,12 @@ class RouterMetrics:
     def outcome(self, outcome: str) -> None:
         self._outcomes.labels(outcome).inc()
 
-    def completed(self, result: PrefillResult, degree: int, cached: int, prompt: int) -> None:
+    def completed(
+        self, result: PrefillResult, degree: int, cached: int, prompt: int, slo_s: float = 0.0
+    ) -> None:
         self._ttft.labels(str(degree)).observe(result.ttft_seconds)
+        if slo_s > 0:
+            self._slo.labels("true" if result.ttft_seconds <= slo_s else "false").inc()
         self._outcomes.labels("ok").inc()
         self._hit_tokens.inc(cached)
         self._prompt_tokens.inc(prompt)

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
+import numpy as np
 
 from vertumnus._proto import worker_pb2
 from vertumnus.core import planner, transition
@@ -118,7 +119,7 @@ class _Pending:
 
     request: Request
     client_id: str
-    tokens: list[int]
+    tokens: Sequence[int]  # as the client sent them (a protobuf field): forwarded as is
     future: asyncio.Future[PrefillResult]
     received: float
     deadline: float
@@ -126,6 +127,7 @@ class _Pending:
     decision: RouteDecision | None = None
     first_placement: bool = True
     forwarded_at: float = 0.0
+    slo_s: float = 0.0
 
 
 @dataclass
@@ -135,10 +137,20 @@ class _Worker:
     address: WorkerAddress
     queue: deque[_Pending] = field(default_factory=deque)
     running: _Pending | None = None
+    ahead: _Pending | None = None
+    """Forwarded behind ``running`` and waiting at the worker, so that the worker
+    starts it without idling for a round trip to the router; the core sees it as
+    queued until ``running`` ends."""
+    early: tuple[worker_pb2.PrefillResponse, float] | None = None
+    """``ahead``'s reply when it came before ``running``'s (one engine step served both)."""
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     unreachable: bool = False
     draining: bool = False
     epoch: int = 0
+
+    def at_worker(self) -> list[_Pending]:
+        """The requests forwarded to the worker and not yet answered."""
+        return [p for p in (self.running, self.ahead) if p is not None]
 
 
 @dataclass
@@ -208,9 +220,9 @@ class Router:
 
     @property
     def runs_transitions(self) -> bool:
-        """This router runs the composition controller and carries out splits and merges
-        itself (the local pool); else an external controller (the operator) does."""
-        return self.settings.controller is not None
+        """This router carries out splits and merges itself (the local pool, a router
+        without an operator); else an external controller (the operator) does."""
+        return not self.settings.external_controller
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -258,7 +270,7 @@ class Router:
                 self._add_worker(w, e.epoch, e.incarnation, resync_first=True)
         await asyncio.gather(*(f.synced(10.0) for f in self.followers.values()))
         client = getattr(self.store, "client", None)
-        if client is not None:
+        if client is not None and self.settings.share_load:
             from vertumnus.router.loadboard import RedisLoadBoard
 
             self._board = RedisLoadBoard(client, self.store.namespace, self.router_id)
@@ -403,9 +415,19 @@ class Router:
             raise RouterError(grpc.StatusCode.UNAVAILABLE, "the router is not serving")
         started = time.perf_counter()
         try:
+            # One array of the ids for the checks and the hashing (a protobuf
+            # repeated field converts to it in C); the field itself is forwarded.
+            try:
+                ids = np.array(tokens, dtype=np.int64)
+            except (OverflowError, ValueError, TypeError):
+                ids = np.empty((0, 0), dtype=np.int64)
+            if ids.ndim != 1:
+                raise BadRequest(
+                    f"token_ids: not a list of 64-bit integers (request {request_id})"
+                ) from None
             check_prefill(
                 request_id,
-                tokens,
+                ids,
                 ttft_slo_s,
                 max_tokens=self.max_tokens,
                 vocab_size=self.vocab_size,
@@ -425,25 +447,39 @@ class Router:
                 f"the router holds {len(self._by_client)} requests, its admission limit; retry later",
             )
         now = self.now()
-        keys = token_block_keys(tokens, self.block_size)
+        keys = token_block_keys(ids, self.block_size)
         request = Request(next(self._ids), now, len(tokens), keys)
         loop = asyncio.get_running_loop()
         timeout = timeout_s if timeout_s is not None else self.settings.request_timeout_s
-        p = _Pending(request, request_id, list(tokens), loop.create_future(), now, now + timeout)
+        p = _Pending(request, request_id, tokens, loop.create_future(), now, now + timeout)
+        p.slo_s = ttft_slo_s
         self._by_client[request_id] = p
+        # A timer, not wait_for(shield(...)): two tasks fewer per request.
+        deadline = loop.call_later(timeout, self._expire, p, timeout)
         try:
             self._place(p)
             self.metrics.placement_seconds(time.perf_counter() - started)
-            return await asyncio.wait_for(asyncio.shield(p.future), timeout)
-        except TimeoutError:
+            return await p.future
+        except asyncio.CancelledError:
+            # The client went away: what is still queued for it need not run.
             self._abandon(p)
-            self.metrics.outcome("deadline")
-            raise RouterError(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"request {request_id}: no first token within {timeout:.3g} s",
-            ) from None
+            self.metrics.outcome("cancelled")
+            raise
         finally:
+            deadline.cancel()
             self._by_client.pop(request_id, None)
+
+    def _expire(self, p: _Pending, timeout: float) -> None:
+        if p.future.done():
+            return
+        p.future.set_exception(
+            RouterError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"request {p.client_id}: no first token within {timeout:.3g} s",
+            )
+        )
+        self._abandon(p)
+        self.metrics.outcome("deadline")
 
     def _place(self, p: _Pending) -> None:
         """Schedule ``p`` (again); queue it, hold it, or fail it."""
@@ -482,17 +518,39 @@ class Router:
         self._kick(decision.worker)
 
     def _kick(self, worker: int) -> None:
-        """Forward the next queued request if the worker is free."""
+        """Forward the next queued request if the worker is free, or one ahead of time
+        if it runs one and has none waiting."""
         w = self.workers.get(worker)
-        if w is None or w.running is not None or not w.queue or w.unreachable:
+        if w is None or not w.queue or w.unreachable:
             return
-        p = w.queue.popleft()
-        w.running = p
+        assert self.core is not None
+        if w.running is None:
+            p = w.queue.popleft()
+            w.running = p
+            self._start(p)
+        elif w.ahead is None and self.settings.forward_ahead and not w.draining:
+            p = w.queue.popleft()
+            w.ahead = p
+            self.core.forwarded(p.request.id)
+        else:
+            return
+        p.forwarded_at = self.now()
+        self._spawn(self._attempt(worker, p), f"prefill-{p.client_id}")
+
+    def _start(self, p: _Pending) -> None:
         assert self.core is not None and p.decision is not None
         now = self.now()
-        p.forwarded_at = now
         self.core.started(p.request.id, now, now + p.decision.estimate_s)
-        self._spawn(self._attempt(worker, p), f"prefill-{p.client_id}")
+
+    def _promote(self, w: _Worker) -> None:
+        """``running`` ended: the request waiting at the worker is the one it runs now."""
+        w.running, w.ahead = w.ahead, None
+        if w.running is not None:
+            self._start(w.running)
+            if w.early is not None:
+                reply, ended = w.early
+                w.early = None
+                self._succeeded(w, w.running, reply, ended)
 
     async def _attempt(self, worker: int, p: _Pending) -> None:
         w = self.workers[worker]
@@ -513,12 +571,22 @@ class Router:
         except grpc.aio.AioRpcError as e:
             self._attempt_failed(worker, p, e)
             return
-        finally:
-            if w.running is p:
-                w.running = None
+        if w.ahead is p:
+            # Served in the same engine step as ``running``, whose reply is still on
+            # its way: the core learns of both in order, when that reply comes.
+            w.early = (reply, self.now())
+            return
+        self._succeeded(w, p, reply, self.now())
+
+    def _succeeded(
+        self, w: _Worker, p: _Pending, reply: worker_pb2.PrefillResponse, ended: float
+    ) -> None:
+        assert self.core is not None and p.decision is not None
+        worker = w.address.slot.worker
         self.core.finished(p.request.id)
+        if w.running is p:
+            self._promote(w)
         if not p.future.done():
-            ttft = self.now() - p.received
             result = PrefillResult(
                 p.client_id,
                 reply.first_token_id,
@@ -528,16 +596,16 @@ class Router:
                 reply.cached_tokens,
                 (p.forwarded_at - p.received) + reply.queue_seconds,
                 reply.execution_seconds,
-                ttft,
+                ended - p.received,
                 p.attempts,
-                d.estimate_s,
+                p.decision.estimate_s,
             )
             p.future.set_result(result)
             self._hop.reused[worker] = (
                 self._hop.reused.get(worker, 0.0) + reply.cached_tokens / self.block_size
             )
             self.metrics.completed(
-                result, w.address.slot.degree, reply.cached_tokens, len(p.tokens)
+                result, w.address.slot.degree, reply.cached_tokens, len(p.tokens), p.slo_s
             )
         self._after_run(worker)
 
@@ -545,20 +613,33 @@ class Router:
         w = self.workers.get(worker)
         if w is None:
             return
-        if w.running is None and not w.queue:
+        if w.running is None and w.ahead is None and not w.queue:
             w.idle.set()
         self._kick(worker)
+
+    def _off_worker(self, w: _Worker, p: _Pending) -> None:
+        """``p``'s attempt at ``w`` ended without a reply."""
+        if w.running is p:
+            self._promote(w)
+        elif w.ahead is p:
+            w.ahead, w.early = None, None
 
     def _attempt_failed(self, worker: int, p: _Pending, e: grpc.aio.AioRpcError) -> None:
         assert self.core is not None
         code = e.code()
+        w = self.workers[worker]
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             # The worker refused the request itself: placing it elsewhere will not help.
-            self.core.finished(p.request.id)
+            if w.running is p:
+                self.core.finished(p.request.id)
+            else:  # still queued, for the core
+                self.core.failed(p.request.id)
+            self._off_worker(w, p)
             self._fail(p, RouterError(code, e.details() or "the worker refused the request"))
             self._after_run(worker)
             return
         self.core.failed(p.request.id)
+        self._off_worker(w, p)
         self.metrics.attempt_failed(worker, code.name)
         _log.warning(
             "request %s: worker %d failed (%s: %s)",
@@ -742,10 +823,7 @@ class Router:
         ok = False
         in_use = self._manager.in_use(op.worker, op.key) or (
             w is not None
-            and any(
-                op.key in q.request.block_keys
-                for q in [*w.queue, *([w.running] if w.running else [])]
-            )
+            and any(op.key in q.request.block_keys for q in [*w.queue, *w.at_worker()])
         )
         children = self.store.children(op.key)
         has_child = any(op.worker in self.store.holders(c) for c in children)
@@ -896,7 +974,7 @@ class Router:
         replaced = len(w.queue)
         self._withdraw_queue(worker)
         if not wait:
-            return w.running is None, replaced
+            return not w.at_worker(), replaced
         timeout = timeout_s or self.settings.drain_timeout_s
         try:
             await asyncio.wait_for(w.idle.wait(), timeout)

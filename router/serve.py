@@ -112,10 +112,14 @@ async def serve(settings: RouterSettings, engines: Sequence[str], **kw) -> int: 
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    metrics = (
+        f"metrics: http://{settings.metrics_listen.rpartition(':')[0]}:{running.metrics_port}/metrics"
+        if running.metrics_port
+        else "no metrics endpoint"
+    )
     print(
         f"vertumnus router {running.router.router_id}: serving {running.router.composition()} on "
-        f"{running.address} (metrics: http://{settings.metrics_listen.rpartition(':')[0]}:{running.metrics_port}/metrics); "
-        "Ctrl-C to stop",
+        f"{running.address} ({metrics}); Ctrl-C to stop",
         flush=True,
     )
     await stop.wait()

@@ -33,8 +33,15 @@ class RouterSettings:
     cache_manager: CacheManagerSettings | None = field(default_factory=CacheManagerSettings)
     """The global prefix-cache manager's settings (None: no manager)."""
     controller: PlannerSettings | None = None
-    """The composition controller, when this router runs the transitions itself
-    (``vertumnus up``); None when an external controller (the operator) does."""
+    """The composition controller, when this router runs one itself (``vertumnus
+    up``); None: the composition changes only when asked (Admin.Reconfigure), or
+    through ``external_controller``."""
+    external_controller: bool = False
+    """An external controller (the operator) runs this pool's transitions, step by
+    step through Admin.Drain and Admin.Switch; Admin.Reconfigure is then refused
+    (the operator records each step in the CPPool's status, and a split the router
+    made behind its back would contradict it). False: the router carries out
+    splits and merges itself, on Admin.Reconfigure or from ``controller``."""
     admission_limit: int = 1024
     """Requests accepted and not finished, at most; beyond it RESOURCE_EXHAUSTED.
     Bounds the router's memory and the wait of what it accepted."""
@@ -45,6 +52,11 @@ class RouterSettings:
     time (plus ``attempt_timeout_floor_s``) before the router gives up on that
     worker and places the request again: a stuck worker costs a bounded delay."""
     attempt_timeout_floor_s: float = 10.0
+    forward_ahead: bool = True
+    """Forward a worker's next request while it still runs one, so that it waits
+    at the worker and starts there at once: without it the worker idles for a
+    router round trip between requests (on the tiny CPU model, a fifth of its
+    time). The placement does not change: the request was placed there already."""
     max_attempts: int = 3
     """Placements of one request (the first and the ones after worker failures)."""
     drain_timeout_s: float = 300.0
@@ -56,6 +68,11 @@ class RouterSettings:
     or stale); it rejoins with a fresh snapshot when it answers again."""
     scan_interval_s: float | None = None
     """Seconds between cache-manager scans (None: the manager's own setting)."""
+    share_load: bool = True
+    """With a shared store, publish this replica's outstanding work per worker and
+    count the other replicas' in placement, so that two replicas do not pile onto
+    the same worker (off: each sees only its own requests; for measuring what
+    sharing buys)."""
     load_share_interval_s: float = 0.05
     """How often replicas exchange their outstanding work through Redis."""
     store_retry_s: float = 1.0

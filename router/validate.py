@@ -11,6 +11,8 @@ import math
 import re
 from collections.abc import Sequence
 
+import numpy as np
+
 __all__ = ["BadRequest", "check_prefill"]
 
 _ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -22,7 +24,7 @@ class BadRequest(ValueError):
 
 def check_prefill(
     request_id: str,
-    token_ids: Sequence[int],
+    token_ids: Sequence[int] | np.ndarray,
     ttft_slo_seconds: float,
     *,
     max_tokens: int,
@@ -41,9 +43,13 @@ def check_prefill(
         raise BadRequest(
             f"token_ids: {n} tokens, more than the pool's maximum of {max_tokens} (request {request_id})"
         )
-    lo, hi = min(token_ids), max(token_ids)
+    # The router passes the ids as an array: min/max in C (a long prompt's ids in a
+    # Python loop would cost more than placing the request).
+    ids = token_ids if isinstance(token_ids, np.ndarray) else np.asarray(token_ids)
+    lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= vocab_size:
-        i, bad = next((i, t) for i, t in enumerate(token_ids) if not 0 <= t < vocab_size)
+        i = int(np.flatnonzero((ids < 0) | (ids >= vocab_size))[0])
+        bad = int(ids[i])
         raise BadRequest(
             f"token_ids[{i}]: {bad} is outside the vocabulary [0, {vocab_size}) (request {request_id})"
         )

@@ -120,6 +120,22 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
         help="compress arrivals by X (2 = twice the request rate)",
     )
     p.add_argument(
+        "--length-scale",
+        type=_positive_float,
+        default=1.0,
+        help="prompt lengths and block size times X, as `vertumnus load --length-scale` sends "
+        "them to real engines (1/32: 512-token trace blocks become 16-token engine blocks)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=_positive_int,
+        default=None,
+        help="clip prompts to this many tokens after scaling (as `vertumnus load` does)",
+    )
+    p.add_argument(
+        "--requests", type=_positive_int, default=None, help="replay only the first N requests"
+    )
+    p.add_argument(
         "--phases",
         default=None,
         help="reshape the trace into workload phases (see docs: vertumnus.sim.phases)",
@@ -196,7 +212,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         parse_policy_specs,
         run_policy,
     )
-    from vertumnus.sim.traces import load_trace, scale_rate
+    from vertumnus.sim.traces import Trace, load_trace, scale_lengths, scale_rate
 
     model = load_model(args.profile or DEFAULT_PROFILE)
     specs = parse_policy_specs(args.compare, args.gpus)
@@ -216,6 +232,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         beta_busy=placement.beta_busy if args.beta_busy is None else args.beta_busy,
     )
     trace = load_trace(args.trace, seed=args.seed, block_size=args.block_size)
+    if args.requests is not None:
+        trace = Trace(trace.name, trace.requests[: args.requests], trace.block_size)
+    trace = scale_lengths(trace, args.length_scale, args.max_tokens)
     phases: tuple[tuple[float, float, str], ...] = ()
     if args.phases:
         from vertumnus.sim.phases import apply_phases

@@ -65,7 +65,7 @@ async def run_demo(running: Any, stop: asyncio.Event, json_out: str | None) -> i
     waiter.cancel()
     report = load.result()
     transitions = await steps
-    _print_table(report.summary(), transitions)
+    _print_table(report.summary(), transitions, t_load)
     picture = Path(json_out).with_suffix(".png") if json_out else Path("vertumnus-demo.png")
     _draw(report.records, transitions, t_load, picture)
     if json_out:
@@ -95,7 +95,7 @@ async def _reconfigure(router: Any, duration: float) -> list[dict[str, Any]]:
     return list(router.transitions_done)
 
 
-def _print_table(s: dict[str, Any], transitions: list[dict[str, Any]]) -> None:
+def _print_table(s: dict[str, Any], transitions: list[dict[str, Any]], t_load: float) -> None:
     print()
     print(
         f"{'requests':>9} {'failed':>7} {'mean TTFT':>10} {'P50':>8} {'P90':>8} {'P99':>8} {'hit rate':>9}"
@@ -104,10 +104,10 @@ def _print_table(s: dict[str, Any], transitions: list[dict[str, Any]]) -> None:
         f"{s['completed']:>9} {s['failed']:>7} {s['mean_ttft_s']:>9.3f}s {s['p50_ttft_s']:>7.3f}s "
         f"{s['p90_ttft_s']:>7.3f}s {s['p99_ttft_s']:>7.3f}s {s['token_hit_rate']:>9.3f}"
     )
-    print("\nreconfigurations:")
+    print("\nreconfigurations (t: seconds into the run, as in the picture):")
     for t in transitions:
         print(
-            f"  t={t['started_s']:7.2f}s  {t['kind']:<5} {t['removed']} -> {t['added']}  epoch {t['epoch']}  "
+            f"  t={t['started_s'] - t_load:6.2f}s  {t['kind']:<5} {t['removed']} -> {t['added']}  epoch {t['epoch']}  "
             f"drain {t['drain_s']:.3f}s  switch {t['switch_s']:.3f}s  total {t['total_s']:.3f}s  "
             f"-> {t['composition']}"
         )

@@ -119,7 +119,8 @@ async def run_load(
     progress: Any = None,
     id_prefix: str = "load",
 ) -> LoadReport:
-    """Send ``requests`` to the pool at ``target`` at their arrival times; wait for all."""
+    """Send ``requests`` to the pool at ``target`` (``host:port``, or several comma-separated:
+    the pool's router replicas, taken in turn) at their arrival times; wait for all."""
     import grpc
 
     from vertumnus._proto import pool_pb2, pool_pb2_grpc
@@ -129,8 +130,10 @@ async def run_load(
     tokens = [
         request_tokens(r, trace_block, length_scale, vocab_size, max_tokens, memo) for r in requests
     ]
-    channel = grpc.aio.insecure_channel(target)
-    stub = pool_pb2_grpc.PrefillStub(channel)
+    # Several routers (replicas of one pool): request i goes to the (i mod n)-th, as a
+    # round-robin load balancer in front of them would send it.
+    channels = [grpc.aio.insecure_channel(t) for t in target.split(",")]
+    stubs = [pool_pb2_grpc.PrefillStub(c) for c in channels]
     loop = asyncio.get_running_loop()
     t0 = loop.time() + 0.05
     first = requests[0].arrival_s if requests else 0.0
@@ -142,7 +145,7 @@ async def run_load(
         sent = loop.time()
         report.sent += 1
         try:
-            reply = await stub.Prefill(
+            reply = await stubs[r.id % len(stubs)].Prefill(
                 pool_pb2.PrefillRequest(request_id=f"{id_prefix}-{r.id}", token_ids=toks),
                 timeout=timeout_s,
             )
@@ -187,7 +190,8 @@ async def run_load(
     try:
         await asyncio.gather(*(one(r, t) for r, t in zip(requests, tokens, strict=True)))
     finally:
-        await channel.close()
+        for c in channels:
+            await c.close()
     report.wall_s = time.perf_counter() - started
     return report
 
@@ -209,7 +213,12 @@ def register(sub: Any) -> None:
             "router at its arrival times, and report completed, failed and rejected requests and TTFT."
         ),
     )
-    p.add_argument("--target", required=True, metavar="HOST:PORT", help="the router's address")
+    p.add_argument(
+        "--target",
+        required=True,
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="the router's address; several (replicas of one pool) take requests in turn",
+    )
     p.add_argument(
         "--trace",
         default="synthetic",
@@ -259,14 +268,24 @@ def register(sub: Any) -> None:
 def cmd_load(args: Any) -> int:
     import sys
 
-    from vertumnus.sim.traces import load_trace, scale_rate
+    from vertumnus.sim.traces import load_trace, scale_lengths, scale_rate
 
-    if not args.rate_scale > 0 or not args.length_scale > 0:
-        print("vertumnus: error: --rate-scale and --length-scale must be > 0", file=sys.stderr)
+    if not args.rate_scale > 0 or not args.length_scale > 0 or not args.max_tokens > 0:
+        print(
+            "vertumnus: error: --rate-scale, --length-scale and --max-tokens must be > 0",
+            file=sys.stderr,
+        )
         return 2
+    for t in args.target.split(","):
+        host, sep, port = t.rpartition(":")
+        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+            print(f"vertumnus: error: --target: expected HOST:PORT, got {t!r}", file=sys.stderr)
+            return 2
     trace = load_trace(args.trace, seed=args.seed)
     if args.rate_scale != 1:
         trace = scale_rate(trace, args.rate_scale)
+    # The same scaled requests as `vertumnus simulate --length-scale X --max-tokens M`.
+    trace = scale_lengths(trace, args.length_scale, args.max_tokens)
     requests = list(trace.requests[: args.requests] if args.requests else trace.requests)
     show = sys.stderr.isatty() if args.progress is None else args.progress
     bar = None
@@ -280,7 +299,7 @@ def cmd_load(args: Any) -> int:
                 args.target,
                 requests,
                 trace_block=trace.block_size,
-                length_scale=args.length_scale,
+                length_scale=1.0,
                 vocab_size=args.vocab,
                 max_tokens=args.max_tokens,
                 timeout_s=args.timeout,

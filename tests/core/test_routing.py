@@ -117,6 +117,30 @@ def test_withdraw_takes_every_queued_request_and_resets_the_reservation():
     assert w.outstanding_s == pytest.approx(0.25)  # only the running one is left
 
 
+def test_a_forwarded_request_stays_queued_but_cannot_be_withdrawn():
+    core = core_with(To(0), 1)
+    for i in range(3):
+        core.schedule(req(i), now=0.0)
+    core.started(0, 0.0, 1.0)
+    core.forwarded(1)  # handed to the worker, waiting there behind request 0
+    w = core.worker(0)
+    assert (w.queued, w.running) == (2, 1)
+    with pytest.raises(ValueError, match="every queued request"):
+        core.withdraw(0, [1, 2])
+    assert [r.id for r in core.withdraw(0, [2])] == [2]
+    core.refresh(0.5)
+    # What is left: half of the running one and all of the forwarded one.
+    assert (w.queued, w.outstanding_s) == (1, pytest.approx(0.5 + 1.0))
+    with pytest.raises(ValueError, match="already started"):
+        core.forwarded(0)
+    core.finished(0)
+    core.started(1, 1.0, 2.0)  # the worker gets to it
+    assert (w.queued, w.running) == (0, 1)
+    core.finished(1)
+    core.refresh(2.0)
+    assert (w.queued, w.running, w.outstanding_s) == (0, 0, 0.0)
+
+
 def test_a_policy_choosing_an_unavailable_worker_is_a_bug():
     core = core_with(To(1), 1, 1)
     core.set_available([1], False)

@@ -8,7 +8,14 @@ from pathlib import Path
 
 from vertumnus.router.metrics import RouterMetrics, _Snapshot
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "vertumnus" / "dashboards" / "vertumnus-pool.json"
+DASHBOARD = (
+    Path(__file__).resolve().parents[2]
+    / "deploy"
+    / "helm"
+    / "vertumnus"
+    / "dashboards"
+    / "vertumnus-pool.json"
+)
 _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 
 

@@ -98,6 +98,7 @@ class _Placed:
     request: Request
     decision: RouteDecision
     started: bool = False
+    forwarded: bool = False
 
 
 class RoutingCore:
@@ -342,14 +343,25 @@ class RoutingCore:
         self._release(placed)
         return placed.request
 
+    def forwarded(self, request_id: int) -> None:
+        """The shell handed queued ``request_id`` to its worker ahead of time, to wait
+        there behind the running one (so the worker never idles for a round trip): it
+        is still queued and starts when the worker gets to it, but a drain can no
+        longer take it back."""
+        placed = self._placed[request_id]
+        if placed.started:
+            raise ValueError(f"request {request_id} has already started")
+        placed.forwarded = True
+
     def withdraw(self, worker_id: int, request_ids: Sequence[int]) -> list[Request]:
         """A drain takes every queued request back from ``worker_id`` (``request_ids``,
-        in queue order), for the shell to place again; their reservations are released."""
+        in queue order; not the ones :meth:`forwarded` to it), for the shell to place
+        again; their reservations are released."""
         load = self._loads[worker_id]
         queued = {
             rid
             for rid, p in self._placed.items()
-            if p.decision.worker == worker_id and not p.started
+            if p.decision.worker == worker_id and not p.started and not p.forwarded
         }
         if set(request_ids) != queued or len(request_ids) != len(queued):
             raise ValueError(
@@ -361,10 +373,13 @@ class RoutingCore:
             placed = self._placed.pop(rid)
             self._forget(placed)
             out.append(placed.request)
-        # All of them leave at once: reset rather than subtract, so no rounding
-        # residue is left behind.
-        load.queued_estimate_s = 0.0
-        load.state.queued = 0
+        # Recount what stays queued (the forwarded ones) rather than subtract, so no
+        # rounding residue is left behind.
+        staying = [
+            p for p in self._placed.values() if p.decision.worker == worker_id and not p.started
+        ]
+        load.queued_estimate_s = sum((p.decision.estimate_s for p in staying), 0.0)
+        load.state.queued = len(staying)
         return out
 
     def _release(self, placed: _Placed) -> None:

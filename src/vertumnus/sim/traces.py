@@ -48,6 +48,7 @@ __all__ = [
     "load_azure",
     "load_mooncake",
     "load_trace",
+    "scale_lengths",
     "scale_rate",
 ]
 
@@ -465,6 +466,33 @@ def load_trace(spec: str, *, seed: int = 0, block_size: int | None = None) -> Tr
     if suffix == ".csv":
         return load_azure(text, bs)
     raise TraceError(f"unrecognized trace; expected {_ACCEPTED_FORMS}", spec)
+
+
+def scale_lengths(trace: Trace, x: float, max_tokens: int | None = None) -> Trace:
+    """The trace at another prompt scale, as ``vertumnus load`` sends it to real engines.
+
+    Lengths become ``max(1, min(max_tokens, round(length × x)))`` and blocks
+    ``max(1, round(block_size × x))`` tokens, so a trace's 512-token blocks at
+    ``x = 1/32`` are the torch engine's 16-token blocks and the prefix structure
+    is kept. Only a request's *full* blocks keep their keys: an engine caches
+    full blocks only, and the simulator must not find a cached partial tail
+    that the engine could not have. ``vertumnus simulate --length-scale`` and
+    ``vertumnus load --length-scale`` both apply this, which is what makes a
+    simulation and a real run of the "same scaled trace" the same requests.
+    """
+    if not (isinstance(x, int | float) and math.isfinite(x) and x > 0):
+        raise ValueError(f"length scale must be a finite number > 0, got {x!r}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if x == 1 and max_tokens is None:
+        return trace
+    block = max(1, round(trace.block_size * x))
+    cap = max_tokens if max_tokens is not None else math.inf
+    requests = []
+    for r in trace.requests:
+        length = int(max(1, min(cap, round(r.length * x))))
+        requests.append(replace(r, length=length, block_keys=r.block_keys[: length // block]))
+    return Trace(name=trace.name, requests=tuple(requests), block_size=block)
 
 
 def scale_rate(trace: Trace, x: float) -> Trace:

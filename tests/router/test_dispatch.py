@@ -1,0 +1,222 @@
+"""The router's per-worker dispatch: one request running, one forwarded ahead.
+
+A scripted one-rank engine (the worker protocol of ``bench/instant_engine.py``
+with chosen service times and failures, on a real gRPC server on loopback)
+stands behind a real router. The end-to-end suites (``e2e/``) run the same
+paths against real CP engines; these tests pin the orderings that are hard to
+provoke there: a reply for the request waiting ahead arriving before the
+running one's, and failures of either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib.util
+import sys
+from pathlib import Path
+
+import grpc
+
+from vertumnus._proto import pool_pb2, pool_pb2_grpc, worker_pb2_grpc
+from vertumnus.router.serve import start_router
+from vertumnus.router.settings import RouterSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _instant():  # type: ignore[no-untyped-def]
+    name = "vertumnus_bench_instant_engine"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "instant_engine.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+class Scripted:
+    """A one-worker engine whose Prefill takes ``delays[id]`` seconds (and fails once
+    for the ids in ``fail``)."""
+
+    def __init__(self) -> None:
+        self.engine = _instant().InstantEngine(1, [1])
+        self.delays: dict[str, float] = {}
+        self.fail: set[str] = set()
+        self.at_once = 0
+        self.most_at_once = 0
+        self.order: list[str] = []
+
+    async def start(self) -> str:
+        outer = self
+
+        class Servicer(_instant()._Servicer):  # type: ignore[misc,name-defined]
+            async def Prefill(self, request, context):  # type: ignore[no-untyped-def]
+                outer.at_once += 1
+                outer.most_at_once = max(outer.most_at_once, outer.at_once)
+                outer.order.append(request.request_id)
+                try:
+                    await asyncio.sleep(outer.delays.get(request.request_id, 0.0))
+                    if request.request_id in outer.fail:
+                        outer.fail.discard(request.request_id)  # fails once
+                        await context.abort(grpc.StatusCode.UNAVAILABLE, "scripted failure")
+                    return await super().Prefill(request, context)
+                finally:
+                    outer.at_once -= 1
+
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        worker_pb2_grpc.add_WorkerServicer_to_server(Servicer(self.engine, 0), self.server)
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        await self.server.start()
+        return f"127.0.0.1:{port}"
+
+
+async def _pool(settings: RouterSettings | None = None):  # type: ignore[no-untyped-def]
+    engine = Scripted()
+    address = await engine.start()
+    running = await start_router(
+        settings or RouterSettings(listen="127.0.0.1:0", metrics_listen="", cache_manager=None),
+        [address],
+        discover_timeout_s=20,
+    )
+    return engine, running
+
+
+def _sync(test):  # type: ignore[no-untyped-def]
+    """Run an async test on a fresh event loop (with a bound on its time)."""
+
+    @functools.wraps(test)
+    def run() -> None:
+        asyncio.run(asyncio.wait_for(test(), 60))
+
+    return run
+
+
+def _core_is_clean(running) -> None:  # type: ignore[no-untyped-def]
+    w = running.router.core.worker(0)
+    assert (w.queued, w.running) == (0, 0)
+    assert running.router.core.placed_requests() == []
+    assert running.router.in_flight() == 0
+
+
+async def _send(stub, rid: str, n: int = 40):  # type: ignore[no-untyped-def]
+    return await stub.Prefill(
+        pool_pb2.PrefillRequest(request_id=rid, token_ids=list(range(n))), timeout=20
+    )
+
+
+@_sync
+async def test_one_runs_and_one_waits_at_the_worker() -> None:
+    engine, running = await _pool()
+    try:
+        engine.delays = {f"r{i}": 0.05 for i in range(6)}
+        async with grpc.aio.insecure_channel(running.address) as ch:
+            stub = pool_pb2_grpc.PrefillStub(ch)
+            replies = await asyncio.gather(*(_send(stub, f"r{i}", 40 + i) for i in range(6)))
+        assert [r.request_id for r in replies] == [f"r{i}" for i in range(6)]
+        assert engine.most_at_once == 2  # never more than one waiting behind the running one
+        _core_is_clean(running)
+    finally:
+        await running.stop(1.0)
+        await engine.server.stop(0)
+
+
+@_sync
+async def test_without_forward_ahead_the_worker_gets_one_at_a_time() -> None:
+    settings = RouterSettings(
+        listen="127.0.0.1:0", metrics_listen="", cache_manager=None, forward_ahead=False
+    )
+    engine, running = await _pool(settings)
+    try:
+        engine.delays = {f"r{i}": 0.03 for i in range(4)}
+        async with grpc.aio.insecure_channel(running.address) as ch:
+            stub = pool_pb2_grpc.PrefillStub(ch)
+            await asyncio.gather(*(_send(stub, f"r{i}", 40 + i) for i in range(4)))
+        assert engine.most_at_once == 1
+        _core_is_clean(running)
+    finally:
+        await running.stop(1.0)
+        await engine.server.stop(0)
+
+
+@_sync
+async def test_the_waiting_request_answered_first_is_accounted_in_order() -> None:
+    engine, running = await _pool()
+    try:
+        # r0 runs long; r1, forwarded behind it, is answered first (as when one
+        # engine step served both and r0's reply is late).
+        engine.delays = {"r0": 0.3, "r1": 0.0}
+        async with grpc.aio.insecure_channel(running.address) as ch:
+            stub = pool_pb2_grpc.PrefillStub(ch)
+            t0 = asyncio.create_task(_send(stub, "r0"))
+            await asyncio.sleep(0.1)
+            r1 = await _send(stub, "r1", 41)
+            assert not t0.done()  # r1's answer did not wait for r0's
+            await t0
+            assert r1.request_id == "r1"
+        _core_is_clean(running)
+    finally:
+        await running.stop(1.0)
+        await engine.server.stop(0)
+
+
+@_sync
+async def test_a_failed_running_request_is_placed_again_and_the_waiting_one_runs() -> None:
+    engine, running = await _pool()
+    try:
+        engine.delays = {"r0": 0.1, "r1": 0.05}
+        engine.fail = {"r0"}
+        async with grpc.aio.insecure_channel(running.address) as ch:
+            stub = pool_pb2_grpc.PrefillStub(ch)
+            t0 = asyncio.create_task(_send(stub, "r0"))
+            await asyncio.sleep(0.03)
+            t1 = asyncio.create_task(_send(stub, "r1", 41))
+            r0, r1 = await asyncio.gather(t0, t1)
+        assert r0.attempts == 2 and r1.attempts == 1
+        _core_is_clean(running)
+    finally:
+        await running.stop(1.0)
+        await engine.server.stop(0)
+
+
+@_sync
+async def test_a_failed_waiting_request_leaves_the_running_one_alone() -> None:
+    engine, running = await _pool()
+    try:
+        engine.delays = {"r0": 0.2, "r1": 0.0}
+        engine.fail = {"r1"}
+        async with grpc.aio.insecure_channel(running.address) as ch:
+            stub = pool_pb2_grpc.PrefillStub(ch)
+            t0 = asyncio.create_task(_send(stub, "r0"))
+            await asyncio.sleep(0.05)
+            t1 = asyncio.create_task(_send(stub, "r1", 41))
+            r0, r1 = await asyncio.gather(t0, t1)
+        assert r0.attempts == 1 and r1.attempts == 2
+        _core_is_clean(running)
+    finally:
+        await running.stop(1.0)
+        await engine.server.stop(0)
+
+
+@_sync
+async def test_requests_with_a_ttft_target_are_counted_by_whether_they_met_it() -> None:
+    engine, running = await _pool()
+    try:
+        engine.delays = {"slow": 0.05}
+        async with grpc.aio.insecure_channel(running.address) as ch:
+            stub = pool_pb2_grpc.PrefillStub(ch)
+            for rid, slo in (("fast", 30.0), ("slow", 0.01), ("none", 0.0)):
+                await stub.Prefill(
+                    pool_pb2.PrefillRequest(
+                        request_id=rid, token_ids=list(range(40)), ttft_slo_seconds=slo
+                    ),
+                    timeout=20,
+                )
+        reg = running.router.metrics.registry
+        met = reg.get_sample_value("vertumnus_router_slo_requests_total", {"met": "true"})
+        missed = reg.get_sample_value("vertumnus_router_slo_requests_total", {"met": "false"})
+        assert (met, missed) == (1.0, 1.0)
+    finally:
+        await running.stop(1.0)
+        await engine.server.stop(0)
