@@ -368,6 +368,7 @@ class Router:
         """Exchange outstanding work per worker with the other replicas (Redis)."""
         assert self.core is not None and self._board is not None
         board: Any = self._board
+        failing = False
         while True:
             await asyncio.sleep(self.settings.load_share_interval_s)
             mine = self.core.own_outstanding(self.now())
@@ -375,6 +376,14 @@ class Router:
                 others = await asyncio.to_thread(board.exchange, mine)
             except ConnectionError:
                 others = {}
+            except Exception:
+                # One bad round must not end the sharing for the router's lifetime;
+                # logged once per streak of failures, not every interval.
+                if not failing:
+                    _log.exception("load sharing: an exchange failed; retrying every interval")
+                failing = True
+                continue
+            failing = False
             self.core.set_external_load(others)
 
     def _apply_events(self, worker: int, stored, removed, cleared: bool) -> None:  # type: ignore[no-untyped-def]

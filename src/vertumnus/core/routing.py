@@ -254,7 +254,9 @@ class RoutingCore:
         for w, load in self._loads.items():
             until = load.running_until
             rest = until - now if load.running is not None and until > now else 0.0
-            out[w] = load.queued_estimate_s + rest
+            # The queued sum is kept by adding and subtracting estimates, which can
+            # leave a rounding residue below zero (-1e-19): shared as no work.
+            out[w] = max(0.0, load.queued_estimate_s) + rest
         return out
 
     def set_external_load(self, seconds: Mapping[int, float]) -> None:
