@@ -82,14 +82,22 @@ def test_helm_lint_and_template_are_clean(k8s, tmp_path):
         check=False,
     )
     assert bad.returncode != 0 and "/operator/replicas" in bad.stderr
-    assert "grafana_dashboard" not in out  # no dashboards/*.json yet: no ConfigMap
+    # The shipped dashboard, in a ConfigMap Grafana's sidecar picks up; every
+    # dashboards/*.json of the chart goes into it.
+    (dash,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "ConfigMap"]
+    assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dash["data"]["vertumnus-pool.json"])["panels"]
     chart = tmp_path / "chart"
     shutil.copytree(ops.CHART, chart)
     (chart / "dashboards" / "router.json").write_text('{"title": "Vertumnus router"}')
     out = ops.helm(k8s, "template", "t", str(chart), home=tmp_path).stdout
     (dash,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "ConfigMap"]
-    assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(dash["data"]["router.json"]) == {"title": "Vertumnus router"}
+    assert "vertumnus-pool.json" in dash["data"]
+    off = ops.helm(
+        k8s, "template", "t", str(ops.CHART), "--set", "grafana.dashboards=false", home=tmp_path
+    ).stdout
+    assert "grafana_dashboard" not in off
 
 
 def test_rendered_manifests_are_accepted_by_the_api_server(k8s, chart, namespace, tmp_path):

@@ -1,0 +1,165 @@
+"""The operator driving a real pool: transitions that move real requests.
+
+The rest of the operator's e2e talks to a stand-in router. Here the CPPool's domain pod
+is a fake pod on a kwok node, as there, but the pool behind it is real and runs as local
+processes: a ``vertumnus serve`` engine of 4 CPU ranks (the domain's 4 "GPUs") and a
+``vertumnus router`` started from the very ``router.json`` the operator rendered into the
+pool's ConfigMap (only the engine's address and the listen port are replaced: the pod
+DNS names do not resolve outside a cluster). The operator, a real process under the
+chart's ServiceAccount, splits and merges the worker through the router's Admin API
+while clients send requests; every request must be answered exactly once, with the
+first token the engine gives at any degree, and the pod must stay the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import e2e_operator_support as ops
+import grpc
+from e2e_operator_support import cppool, engine_pods, gpu_nodes, pool_status, wait_for
+
+from vertumnus._proto import pool_pb2, pool_pb2_grpc
+
+
+def _pool_support():  # type: ignore[no-untyped-def]
+    name = "e2e_pool_support"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).with_name("pool_support.py")
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+ps = _pool_support()
+
+
+def _composition(k8s, ns, name, want):  # type: ignore[no-untyped-def]
+    def probe():  # type: ignore[no-untyped-def]
+        st = pool_status(k8s, ns, name)
+        return st if st.get("phase") == "Ready" and st.get("composition") == want else None
+
+    return probe
+
+
+class _Clients:
+    """Open-loop clients in a thread of their own: ``prompts`` sent every ``gap_s``."""
+
+    def __init__(self, address: str, prompts: list[list[int]], gap_s: float) -> None:
+        self.address = address
+        self.prompts = prompts
+        self.gap_s = gap_s
+        self.answers: dict[str, pool_pb2.PrefillResponse] = {}
+        self.errors: list[str] = []
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        async with grpc.aio.insecure_channel(self.address) as ch:
+            stub = pool_pb2_grpc.PrefillStub(ch)
+
+            async def one(i: int, tokens: list[int]) -> None:
+                await asyncio.sleep(i * self.gap_s)
+                rid = f"k{i}"
+                try:
+                    r = await stub.Prefill(
+                        pool_pb2.PrefillRequest(request_id=rid, token_ids=tokens), timeout=120
+                    )
+                except grpc.aio.AioRpcError as e:
+                    self.errors.append(f"{rid}: {e.code().name}: {e.details()}")
+                    return
+                if rid in self.answers:
+                    self.errors.append(f"{rid}: answered twice")
+                self.answers[rid] = r
+
+            await asyncio.gather(*(one(i, t) for i, t in enumerate(self.prompts)))
+
+
+def test_a_split_and_a_merge_by_the_operator_move_real_requests_and_lose_none(
+    k8s, operator, namespace, tmp_path
+) -> None:
+    # One domain of 4 "GPUs" (the cpu-tiny profile covers degrees 1, 2, 4).
+    with gpu_nodes(k8s, 1, gpus=4) as label:
+        ops.apply(
+            k8s,
+            cppool(
+                "real",
+                namespace,
+                4,
+                label,
+                gpusPerDomain=4,
+                degrees=[2, 4],
+                model={"profile": "cpu-tiny"},
+                controller={"windowSeconds": 3600},  # only the annotations move it
+            ),
+        )
+        try:
+            wait_for("Ready", 60, _composition(k8s, namespace, "real", "1xCP4"))
+        except AssertionError:
+            raise AssertionError(f"not Ready: {pool_status(k8s, namespace, 'real')}") from None
+        uids = [p["metadata"]["uid"] for p in engine_pods(k8s, namespace, "real")]
+        config = json.loads(
+            k8s.kubectl("get", "configmap", "real-router", "-n", namespace, "-o", "json").stdout
+        )["data"]["router.json"]
+        (tmp_path / "router.json").write_text(config)
+        # Worker 0 of degree 4 over ranks 0-3, epoch 1: what the CPPool's status says.
+        engine = ps.Engine(4, [4], tmp_path / "engine.log", worker_ids=[0]).start()
+        router = None
+        try:
+            router = ps.RouterProcess(
+                [engine.address], tmp_path / "router.log", "--config", str(tmp_path / "router.json")
+            ).start()
+            k8s.kubectl(
+                "annotate",
+                "cppool",
+                "real",
+                "-n",
+                namespace,
+                f"vertumnus.io/router-addresses={router.address}",
+            )
+            prompts = ps.prompts(160, seed=21, extra=60)
+            clients = _Clients(router.address, prompts, gap_s=0.05)  # ~8 s of requests
+            clients.thread.start()
+            time.sleep(1.0)
+            k8s.kubectl("annotate", "cppool", "real", "-n", namespace, "vertumnus.io/split=0")
+            st = wait_for("the split", 60, _composition(k8s, namespace, "real", "2xCP2"))
+            a, b = (w["id"] for w in st["workers"])
+            time.sleep(2.0)  # requests on the CP2 workers
+            k8s.kubectl(
+                "annotate", "cppool", "real", "-n", namespace, f"vertumnus.io/merge={a},{b}"
+            )
+            st = wait_for("the merge", 60, _composition(k8s, namespace, "real", "1xCP4"))
+            clients.thread.join(180)
+            assert not clients.thread.is_alive(), "clients still waiting after 180 s"
+
+            # Nothing lost, nothing twice.
+            assert clients.errors == []
+            assert sorted(clients.answers) == sorted(f"k{i}" for i in range(len(prompts)))
+            degrees = {r.degree for r in clients.answers.values()}
+            assert degrees == {2, 4}, degrees
+            # The router and the engine are where the operator's status says.
+            seen = ps.pool(router.address)
+            assert seen.epoch == st["epoch"] == 3
+            assert seen.composition == "1xCP4"
+            assert [w.worker for w in seen.workers] == [w["id"] for w in st["workers"]]
+            # The first tokens are the model's at every degree (the merged CP4 worker
+            # recomputes a sample of them, cache bypassed by fresh request ids).
+            for i in range(0, len(prompts), 20):
+                want = engine.first_token(0, prompts[i], f"check{i}")
+                assert clients.answers[f"k{i}"].first_token_id == want, i
+            # The same pod throughout.
+            assert [p["metadata"]["uid"] for p in engine_pods(k8s, namespace, "real")] == uids
+        finally:
+            if router is not None:
+                router.stop()
+            engine.stop()
+        k8s.kubectl("delete", "cppool", "real", "-n", namespace, "--timeout=30s")
