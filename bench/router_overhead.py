@@ -108,6 +108,76 @@ async def _clients(target: str, seconds: float, concurrency: int, seed: int) -> 
 # -- the router process (this one) -----------------------------------------------------------
 
 
+class _BareProxy:
+    """The ceiling of the architecture: a gRPC aio server that forwards every Prefill
+    to one fixed worker and answers with its reply — no validation, placement, index
+    or accounting. What the router costs beyond it is the router's own work."""
+
+    def __init__(self, engine: str) -> None:
+        import grpc
+
+        from vertumnus._proto import pool_pb2, pool_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+        self._channel = grpc.aio.insecure_channel(engine)
+        stub = worker_pb2_grpc.WorkerStub(self._channel)
+
+        class Servicer(pool_pb2_grpc.PrefillServicer):
+            async def Prefill(self, request, context):  # type: ignore[no-untyped-def]
+                reply = await stub.Prefill(
+                    worker_pb2.PrefillRequest(
+                        request_id=request.request_id, token_ids=request.token_ids
+                    ),
+                    timeout=30,
+                )
+                return pool_pb2.PrefillResponse(
+                    request_id=request.request_id, first_token_id=reply.first_token_id
+                )
+
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        pool_pb2_grpc.add_PrefillServicer_to_server(Servicer(), self.server)
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+
+    async def stop(self) -> None:
+        await self.server.stop(1.0)
+        await self._channel.close()
+
+
+async def _measure(target: str, args: argparse.Namespace) -> tuple[dict[str, object], float, float]:
+    """Clients against ``target`` for ``--seconds``: (their result, wall s, this process's CPU s)."""
+    cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    result = await asyncio.to_thread(
+        _client_run, target, args.seconds, args.concurrency, 2, args.others_cpus
+    )
+    wall = time.perf_counter() - wall0
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    return result, wall, (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+
+
+async def _bare(engine: str, args: argparse.Namespace) -> dict[str, object]:
+    proxy = _BareProxy(engine)
+    await proxy.server.start()
+    try:
+        await asyncio.to_thread(
+            _client_run, proxy.address, 2.0, args.concurrency, 1, args.others_cpus
+        )
+        result, wall, cpu = await _measure(proxy.address, args)
+    finally:
+        await proxy.stop()
+    completed = int(result["completed"])  # type: ignore[call-overload]
+    return {
+        "completed": completed,
+        "throughput_rps": completed / wall,
+        "cpu_us_per_request": 1e6 * cpu / max(completed, 1),
+        "cores_busy": cpu / wall,
+    }
+
+
+def _pin(cpus: set[int] | None) -> list[str]:
+    """A command prefix that runs a process on ``cpus`` (``taskset``), or nothing."""
+    exe = shutil.which("taskset")
+    return [exe, "-c", ",".join(map(str, sorted(cpus)))] if cpus and exe else []
+
+
 async def _run(args: argparse.Namespace) -> dict[str, object]:
     from vertumnus.router.serve import start_router
     from vertumnus.router.settings import RouterSettings
@@ -115,6 +185,7 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
     base = _free_base(8)
     engine = subprocess.Popen(
         [
+            *_pin(args.others_cpus),
             sys.executable,
             str(ROOT / "instant_engine.py"),
             "--ranks",
@@ -171,7 +242,9 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
         )
         router = running.router
         # Warm up: a few seconds to fill the index and the connections.
-        await asyncio.to_thread(_client_run, running.address, 2.0, args.concurrency, 1)
+        await asyncio.to_thread(
+            _client_run, running.address, 2.0, args.concurrency, 1, args.others_cpus
+        )
         router.metrics.placement_samples.clear()
         prof = None
         if args.profile:
@@ -179,18 +252,14 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
 
             prof = cProfile.Profile()
             prof.enable()
-        cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        result = await asyncio.to_thread(
-            _client_run, running.address, args.seconds, args.concurrency, 2
-        )
-        wall = time.perf_counter() - wall0
-        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+        result, wall, cpu = await _measure(running.address, args)
         if prof is not None:
             prof.disable()
-        cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
         samples = list(router.metrics.placement_samples)
         index_blocks = len(router.store)
         await running.stop(1.0)
+        # The same clients through a bare forwarding proxy, against the same engine.
+        bare = await _bare(f"127.0.0.1:{base}", args) if args.bare else None
     finally:
         engine.terminate()
         engine.wait(10)
@@ -221,20 +290,25 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
         "client_latency_ms": {"p50": 1e3 * _pct(lat, 0.5), "p99": 1e3 * _pct(lat, 0.99)},
         "index_blocks": index_blocks,
     }
+    if bare is not None:
+        out["bare_proxy"] = bare
     if prof is not None:
         import io
         import pstats
 
         buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(40)
         out["profile"] = buf.getvalue()
     return out
 
 
-def _client_run(target: str, seconds: float, concurrency: int, seed: int) -> dict[str, object]:
+def _client_run(
+    target: str, seconds: float, concurrency: int, seed: int, cpus: set[int] | None
+) -> dict[str, object]:
     """The clients, in a process of their own (they must not eat the router's core)."""
     proc = subprocess.run(
         [
+            *_pin(cpus),
             sys.executable,
             __file__,
             "--client",
@@ -261,10 +335,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--redis", action="store_true")
     ap.add_argument("--redis-url", default=None)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument(
+        "--bare",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure a bare forwarding proxy (gRPC's own cost) in the same run",
+    )
+    ap.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the router on the first CPU and everything else on the rest (taskset)",
+    )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--client", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    args.others_cpus = None
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.pin and len(cpus) >= 2 and not args.client:
+        # The router (this process) alone on one core, the engine and the clients on
+        # the others: "on one core" as measured, and no preemption in its latencies.
+        os.sched_setaffinity(0, {cpus[0]})
+        args.others_cpus = set(cpus[1:])
     if args.client:
         print(
             json.dumps(
@@ -281,6 +374,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{out['router_cpu_us_per_request']:.0f} µs/request ({out['router_cores_busy']:.2f} cores busy); "
         f"placement p50 {p['p50']:.0f} µs, p99 {p['p99']:.0f} µs, max {p['max']:.0f} µs; index {out['index_blocks']} blocks"
     )
+    bare = out.get("bare_proxy")
+    if isinstance(bare, dict):
+        print(
+            f"bare proxy: {bare['throughput_rps']:.0f} requests/s, {bare['cpu_us_per_request']:.0f} µs/request "
+            f"({bare['cores_busy']:.2f} cores busy): the router costs "
+            f"{out['router_cpu_us_per_request'] / bare['cpu_us_per_request']:.2f}x gRPC's own forwarding"
+        )
     if "profile" in out:
         print(out["profile"])
     if args.json:
