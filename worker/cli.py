@@ -1,5 +1,6 @@
 """Subcommands of ``vertumnus`` that run the torch engine: ``engine verify``,
-``profile`` and ``serve``.
+``profile`` and ``serve`` (and, from :mod:`vertumnus.worker.sglang.cli`, ``worker
+--engine sglang``, which prints SGLang workers' commands).
 
 :func:`register` adds them to the main parser. torch is imported inside the
 handlers only, so ``vertumnus --help`` stays fast and works without the
@@ -195,6 +196,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="stop (draining first) when process PID ends; `vertumnus up` passes its own",
     )
     s.set_defaults(func=cmd_serve)
+
+    # `vertumnus worker --engine sglang ...`: SGLang servers (imports nothing heavy).
+    from .sglang import cli as sglang_cli
+
+    sglang_cli.register(subparsers)
 
 
 def _check_degrees(degrees: list[int]) -> str | None:

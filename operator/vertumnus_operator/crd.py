@@ -67,6 +67,10 @@ class ModelSpec:
     name: str = "qwen3-30b-a3b"
     path: str = ""
     profile: str = "qwen3-30b-a3b/h200"
+    host_path: str = ""
+    """``model.volume.hostPath``: a node directory mounted read-only at ``path``."""
+    claim_name: str = ""
+    """``model.volume.claimName``: a PersistentVolumeClaim mounted read-only at ``path``."""
 
 
 @dataclass(frozen=True)
@@ -366,11 +370,7 @@ def parse_spec(
     composition = _composition(raw.get("composition"), gpus, deg, domain)
 
     m = _obj(raw, "model", p)
-    model = ModelSpec(
-        name=_str(m, "name", f"{p}.model", "qwen3-30b-a3b"),
-        path=_str(m, "path", f"{p}.model", ""),
-        profile=_str(m, "profile", f"{p}.model", "qwen3-30b-a3b/h200"),
-    )
+    model = _model(m, f"{p}.model")
     eng = _obj(raw, "engine", p)
     image = _str(eng, "image", f"{p}.engine", "")
     if not image:
@@ -383,6 +383,16 @@ def parse_spec(
         max_tokens=_int(eng, "maxTokens", f"{p}.engine", 131072, 1),
         base_port=_int(eng, "basePort", f"{p}.engine", 50051, 1024, 65000),
     )
+    if engine.kind == "sglang":
+        # What an SGLang server cannot take (vertumnus.worker.sglang.command).
+        if engine.dtype == "float64":
+            raise SpecError(
+                f"{p}.engine.dtype", "Unsupported value: 'float64': SGLang has no float64 dtype"
+            )
+        if not model.path:
+            raise SpecError(
+                f"{p}.model.path", "Required value: an SGLang engine loads the model at model.path"
+            )
     pl = _obj(raw, "placement", p)
     placement = PlacementSpec(
         beta=_float(pl, "beta", f"{p}.placement", 1.0, lo=1.0),
@@ -491,6 +501,34 @@ def parse_spec(
     except ValueError as err:  # the core's own checks, in case the schema lets one through
         raise SpecError(cp, str(err)) from None
     return spec
+
+
+def _model(m: Mapping[str, Any], where: str) -> ModelSpec:
+    vol = _obj(m, "volume", where)
+    vp = f"{where}.volume"
+    unknown = sorted(set(vol) - {"hostPath", "claimName"})
+    if unknown:
+        raise SpecError(f"{vp}.{unknown[0]}", "unknown field: a volume is hostPath or claimName")
+    if vol and len(vol) != 1:
+        raise SpecError(vp, "exactly one of hostPath, claimName")
+    model = ModelSpec(
+        name=_str(m, "name", where, "qwen3-30b-a3b"),
+        path=_str(m, "path", where, ""),
+        profile=_str(m, "profile", where, "qwen3-30b-a3b/h200"),
+        host_path=_str(vol, "hostPath", vp, ""),
+        claim_name=_str(vol, "claimName", vp, ""),
+    )
+    if "hostPath" in vol and not model.host_path:
+        raise SpecError(f"{vp}.hostPath", "Required value")
+    if "claimName" in vol and not model.claim_name:
+        raise SpecError(f"{vp}.claimName", "Required value")
+    if vol and not model.path.startswith("/"):
+        raise SpecError(
+            f"{where}.path",
+            f"Required value: model.volume is mounted at model.path, which must be an absolute "
+            f"path, got {model.path!r}",
+        )
+    return model
 
 
 def _composition(raw: Any, gpus: int, degrees: tuple[int, ...], domain: int) -> Composition | None:

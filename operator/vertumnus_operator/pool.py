@@ -240,11 +240,15 @@ class PoolRuntime:
                 redis_image=os.environ.get("VERTUMNUS_REDIS_IMAGE") or DEFAULT_REDIS_IMAGE,
             )
             if spec.engine.kind == "sglang":
+                # The pod template renders (`python -m vertumnus.operator render`), but the
+                # adapter it runs is not built: pods would crash-loop. Refuse until it is.
                 raise SpecError(
                     "spec.engine.kind",
-                    "sglang is not supported by this operator yet: "
-                    "SGLang fixes a server's CP degree for its lifetime, so its workers "
-                    "cannot be regrouped in place; use torch",
+                    "sglang is not supported by this operator yet: its domain pod renders "
+                    "(python -m vertumnus.operator render -f FILE shows it), but the engine "
+                    "adapter the pod runs (vertumnus worker --engine sglang: start, supervise "
+                    "and restart the SGLang servers on a regroup, serve the Worker protocol) "
+                    "is not built yet; use torch",
                 )
         except SpecError as e:
             await self._invalid(obj, generation, e)

@@ -10,7 +10,9 @@ owned by the CPPool, so deleting it lets the garbage collector remove them all):
   ``vertumnus.io/degrees: 4,4``). The container reads the degrees from a downward-API
   file, so the pod spec never depends on the grouping: a split or merge rewrites
   annotations and leaves the pod (and its UID) alone; a restarted container rejoins with
-  the grouping in force.
+  the grouping in force. With ``engine.kind: sglang`` the container runs the SGLang
+  adapter instead, one SGLang server per worker (:mod:`vertumnus.operator.sglang_pod`);
+  ``model.volume`` (hostPath or PVC) is mounted read-only at ``model.path`` for both.
 - the gang object (:mod:`vertumnus.operator.gang`), named ``P``;
 - ``P-engines``: a headless Service giving each domain pod a DNS name
   (``P-d0.P-engines.N.svc``), which the router dials;
@@ -30,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vertumnus.core.lattice import Layout, Slot
+from vertumnus.operator import sglang_pod
 from vertumnus.operator.crd import API_VERSION, KIND, PoolSpec
 from vertumnus.operator.gang import GangBackend
 
@@ -187,32 +190,62 @@ def _engine_command(spec: PoolSpec) -> list[str]:
     return ["sh", "-c", "exec " + " ".join(args)]
 
 
+def _torch_container(spec: PoolSpec) -> dict[str, Any]:
+    return {
+        "name": "engine",
+        "image": spec.engine.image,
+        "command": _engine_command(spec),
+        "env": [],
+        "ports": [
+            {"name": f"rank-{r}", "containerPort": spec.engine.base_port + r}
+            for r in range(spec.gpus_per_domain)
+        ],
+        "resources": {"limits": {GPU_RESOURCE: str(spec.gpus_per_domain)}},
+        "volumeMounts": [],
+    }
+
+
+def _model_volume(spec: PoolSpec) -> dict[str, Any] | None:
+    """``model.volume``, if set: a hostPath or a PVC, mounted read-only at ``model.path``."""
+    m = spec.model
+    if m.host_path:
+        return {"name": "model", "hostPath": {"path": m.host_path, "type": "Directory"}}
+    if m.claim_name:
+        return {
+            "name": "model",
+            "persistentVolumeClaim": {"claimName": m.claim_name, "readOnly": True},
+        }
+    return None
+
+
 def pod_spec(spec: PoolSpec, owner: Owner, domain: int, gang: GangBackend) -> dict[str, Any]:
     """The domain pod's ``spec`` (everything that cannot change without a new pod)."""
     gang_spec, _ = gang.pod_fields(owner.name)
     sched = spec.scheduling
+    sglang = spec.engine.kind == "sglang"
+    engine = sglang_pod.container(spec, PODINFO) if sglang else _torch_container(spec)
+    engine["env"] = [
+        {"name": "VERTUMNUS_POOL", "value": owner.name},
+        {"name": "VERTUMNUS_DOMAIN", "value": str(domain)},
+        *engine["env"],
+    ]
+    engine["volumeMounts"] = [
+        {"name": "podinfo", "mountPath": PODINFO, "readOnly": True},
+        *engine["volumeMounts"],
+    ]
+    extra_volumes = sglang_pod.volumes(spec) if sglang else []
+    model_volume = _model_volume(spec)
+    if model_volume is not None:
+        engine["volumeMounts"].append(
+            {"name": "model", "mountPath": spec.model.path, "readOnly": True}
+        )
+        extra_volumes.append(model_volume)
     body: dict[str, Any] = {
         "hostname": pod_name(owner.name, domain),
         "subdomain": f"{owner.name}-engines",
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": 30,
-        "containers": [
-            {
-                "name": "engine",
-                "image": spec.engine.image,
-                "command": _engine_command(spec),
-                "env": [
-                    {"name": "VERTUMNUS_POOL", "value": owner.name},
-                    {"name": "VERTUMNUS_DOMAIN", "value": str(domain)},
-                ],
-                "ports": [
-                    {"name": f"rank-{r}", "containerPort": spec.engine.base_port + r}
-                    for r in range(spec.gpus_per_domain)
-                ],
-                "resources": {"limits": {GPU_RESOURCE: str(spec.gpus_per_domain)}},
-                "volumeMounts": [{"name": "podinfo", "mountPath": PODINFO, "readOnly": True}],
-            }
-        ],
+        "containers": [engine],
         "volumes": [
             {
                 "name": "podinfo",
@@ -228,7 +261,8 @@ def pod_spec(spec: PoolSpec, owner: Owner, domain: int, gang: GangBackend) -> di
                         },
                     ]
                 },
-            }
+            },
+            *extra_volumes,
         ],
         **gang_spec,
     }

@@ -1,0 +1,22 @@
+"""SGLang as a Vertumnus engine: the pieces that do not need a GPU.
+
+On GPU clusters a Vertumnus worker can be an SGLang 0.5.23 server (one per CP
+worker of a domain pod) behind the same worker protocol as the torch engine
+(docs/worker.md). This package holds what can be built and tested on CPU:
+
+- :mod:`.command`: the exact ``python -m sglang.launch_server`` command line
+  and environment of a degree-C worker on given GPUs of a domain pod (and the
+  ports each server of a pod uses);
+- :mod:`.events`: SGLang's KV-cache events as its ZMQ publisher sends them,
+  decoded (both encodings) into our worker-level cache changes, rekeyed with
+  :mod:`vertumnus.core.keys` so the router's index matches, with sequence-gap
+  detection and SGLang's replay protocol;
+- :mod:`.subscriber`: a thin pyzmq subscriber around the decoder (pyzmq is
+  imported only there, lazily);
+- :mod:`.probe`: the domain pod's readiness probe (every server's ``/health``);
+- :mod:`.cli`: ``vertumnus worker --engine sglang --degree C --print-command``.
+
+Not here yet: the adapter process that starts and supervises the servers and
+serves our gRPC ``Worker`` protocol on top of them (docs/sglang.md, "Not done").
+Nothing in this package imports SGLang, torch or pyzmq at import time.
+"""
