@@ -42,6 +42,8 @@ _EXTRA_OF = {
     "redis": "router",
     "prometheus_client": "router",
     "kopf": "operator",
+    "msgpack": "worker",
+    "zmq": "sglang",
 }
 """Optional dependencies, by top-level module, and the extra that installs each."""
 
@@ -415,8 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     from vertumnus import admin, loadgen, local
     from vertumnus.router import cli as router_cli
     from vertumnus.worker import cli as worker_cli
+    from vertumnus.worker import http_surface
 
-    for module in (worker_cli, router_cli, local, loadgen, admin):
+    for module in (worker_cli, http_surface, router_cli, local, loadgen, admin):
         module.register(sub)
     op = sub.add_parser(
         "operator",
