@@ -102,16 +102,14 @@ def namespace(k8s) -> Iterator[str]:
     k8s.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
-# ---- the operator (e2e/test_operator*.py) ---------------------------------------------------
-
-_SUPPORT = Path(__file__).resolve().parent / "operator_support.py"
+# ---- the support modules: `import e2e_pool_support`, `import e2e_operator_support` ----------
 
 
-def _load_support():
-    name = "e2e_operator_support"
+def _load_support(name: str, file: str):  # type: ignore[no-untyped-def]
+    """Load e2e/``file`` as module ``name`` (``e2e`` is not a package), once."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, _SUPPORT)
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / file)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -119,7 +117,10 @@ def _load_support():
     return module
 
 
-operator_support = _load_support()
+_load_support("e2e_pool_support", "pool_support.py")
+operator_support = _load_support("e2e_operator_support", "operator_support.py")
+
+# ---- the operator (e2e/test_operator*.py) ---------------------------------------------------
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,8 @@ Everything here is a real process or a real server on loopback: engines are
 ``vertumnus serve`` subprocesses (the seeded tiny model on CPU ranks, gloo),
 routers are either started in the test's own event loop (``start_router``)
 or as ``vertumnus router`` subprocesses (to kill them), Redis is Debian's
-``redis-server`` (``tests/redis_server.py``). Loaded by path by the test
-modules (``e2e`` is not a package).
+``redis-server`` (``tests/redis_server.py``). ``e2e/conftest.py`` loads it as
+``e2e_pool_support`` (``e2e`` is not a package): ``import e2e_pool_support as ps``.
 """
 
 from __future__ import annotations

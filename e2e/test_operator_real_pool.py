@@ -14,34 +14,16 @@ first token the engine gives at any degree, and the pod must stay the same.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import sys
 import threading
 import time
-from pathlib import Path
 
 import e2e_operator_support as ops
+import e2e_pool_support as ps
 import grpc
 from e2e_operator_support import cppool, engine_pods, gpu_nodes, pool_status, wait_for
 
 from vertumnus._proto import pool_pb2, pool_pb2_grpc
-
-
-def _pool_support():  # type: ignore[no-untyped-def]
-    name = "e2e_pool_support"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).with_name("pool_support.py")
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-ps = _pool_support()
 
 
 def _composition(k8s, ns, name, want):  # type: ignore[no-untyped-def]

@@ -7,10 +7,8 @@ Run with ``python -m pytest e2e/test_pool.py`` (no Kubernetes needed).
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
-from pathlib import Path
 
+import e2e_pool_support as ps
 import grpc
 import pytest
 
@@ -18,22 +16,6 @@ from vertumnus._proto import pool_pb2, pool_pb2_grpc
 from vertumnus.core import planner
 from vertumnus.router.serve import start_router
 from vertumnus.router.settings import RouterSettings
-
-
-def _support():  # type: ignore[no-untyped-def]
-    name = "e2e_pool_support"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).with_name("pool_support.py")
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-ps = _support()
 
 
 @pytest.fixture(scope="module")

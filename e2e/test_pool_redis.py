@@ -8,11 +8,9 @@ and out and says what was lost (nothing).
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 import time
-from pathlib import Path
 
+import e2e_pool_support as ps
 import grpc
 import pytest
 
@@ -23,21 +21,6 @@ from vertumnus.router.redis_store import RedisTrieStore
 from vertumnus.router.serve import start_router
 from vertumnus.router.settings import RouterSettings
 
-
-def _support():  # type: ignore[no-untyped-def]
-    name = "e2e_pool_support"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).with_name("pool_support.py")
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-ps = _support()
 rs = ps.load_redis_helper()
 NAMESPACE = "local/cpu-tiny"  # what redis_store_for uses for pool "local", profile "cpu-tiny"
 
