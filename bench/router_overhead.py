@@ -27,7 +27,6 @@ import json
 import os
 import resource
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,23 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 
 
-def _free_base(n: int) -> int:
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n < 65535:
-            ok = True
-            for p in range(base, base + n):
-                with socket.socket() as t:
-                    try:
-                        t.bind(("127.0.0.1", p))
-                    except OSError:
-                        ok = False
-                        break
-            if ok:
-                return base
-    raise RuntimeError("no free ports")
+sys.path.insert(0, str(ROOT))
+from sim_to_real import _free_base  # noqa: E402  (one port helper for the benches)
 
 
 def _pct(xs: list[float], q: float) -> float:
