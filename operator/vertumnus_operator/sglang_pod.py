@@ -33,8 +33,10 @@ What is rendered, and why:
   grouping in force for ``/health`` (a kubelet probe names one port; there are up to
   domain-size servers). *Liveness* is a TCP check of the adapter's rank-0 port, not
   of the servers: a regroup restarts servers for minutes while the adapter lives,
-  and the kubelet must not kill the container (every other worker) for that; the
-  adapter restarts a crashed server itself.
+  and the kubelet must not kill the container (every other worker) for that. The
+  adapter does not restart a crashed server: it reports the worker unhealthy (its
+  exit code and last output in every call's error) and a regroup that replaces the
+  worker starts a new one.
 
 The port bases are the defaults of :mod:`vertumnus.worker.sglang.command` and are
 passed explicitly on the adapter's command line (tests/operator/test_sglang_pod.py

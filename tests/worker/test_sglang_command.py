@@ -217,7 +217,8 @@ def test_print_command_json_for_a_pods_grouping(capsys):
         (["--degree", "4", "--gpus", "0,1", "--print-command"], "gpus: a CP4 worker runs on 4"),
         (["--degrees", "4,4", "--gpus-per-domain", "4", "--print-command"], "cover 8 GPUs"),
         (["--degrees", "2,2", "--offset", "2", "--print-command"], "go with --degree"),
-        (["--degree", "2"], "engine adapter"),  # without --print-command: not built yet
+        # Without --print-command the adapter runs a whole pod: one worker at an offset is not one.
+        (["--degree", "2", "--offset", "2"], "the adapter runs a whole pod's grouping"),
     ],
 )
 def test_bad_worker_commands_exit_2_naming_the_problem(capsys, extra, message):

@@ -14,9 +14,17 @@ worker of a domain pod) behind the same worker protocol as the torch engine
 - :mod:`.subscriber`: a thin pyzmq subscriber around the decoder (pyzmq is
   imported only there, lazily);
 - :mod:`.probe`: the domain pod's readiness probe (every server's ``/health``);
-- :mod:`.cli`: ``vertumnus worker --engine sglang --degree C --print-command``.
+- the **adapter**, which starts and supervises one server per worker of a pod's
+  grouping and serves our gRPC ``Worker`` protocol on top of them, regrouping by a
+  drained restart of the changed servers: :mod:`.adapter` (the pod's workers and
+  epochs, the engine surface :mod:`vertumnus.worker.service` serves), :mod:`.runner`
+  (one worker: admission, drain, failure), :mod:`.server` (one server process),
+  :mod:`.client` (``/generate``, ``/flush_cache``), :mod:`.pump` (events into the
+  worker's ``EventLog``), :mod:`.serve` (the endpoints and signals);
+- :mod:`.cli`: ``vertumnus worker --engine sglang`` (``--print-command`` prints the
+  servers' command lines; without it the adapter runs).
 
-Not here yet: the adapter process that starts and supervises the servers and
-serves our gRPC ``Worker`` protocol on top of them (docs/sglang.md, "Not done").
-Nothing in this package imports SGLang, torch or pyzmq at import time.
+Nothing in this package imports SGLang; pyzmq is imported only where a subscriber is
+made. The adapter reuses the torch engine's result types (``vertumnus.worker.engine``),
+so it imports torch, which SGLang installs anyway. See docs/sglang.md.
 """

@@ -9,16 +9,21 @@
 pod's grouping, left to right over its GPUs. ``--print-command`` prints, for each
 server, the environment and the exact ``python3 -m sglang.launch_server`` command
 line (:mod:`vertumnus.worker.sglang.command`) and starts nothing; ``--json`` prints
-the same as JSON (argv, env, ports). Without ``--print-command`` the command would
-run the adapter that starts and supervises the servers, which is not built yet: it
-says so and exits 2.
+the same as JSON (argv, env, ports). Without ``--print-command`` it runs the adapter
+(:mod:`vertumnus.worker.sglang.serve`): it starts and supervises one server per worker
+of the grouping (``--degrees``, or ``--degree C`` alone for a one-worker pod) and
+serves our ``Worker`` gRPC protocol over them, rank r on ``--grpc-base-port + r``.
+``--launcher`` runs another program with the same SGLang flags (a stand-in server).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+
+from vertumnus.core.lattice import Slot
 
 from .command import (
     DTYPES,
@@ -50,9 +55,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ports = PortPlan()
     w = subparsers.add_parser(
         "worker",
-        help="engine workers other than the torch engine's (SGLang): print their commands",
+        help="engine workers other than the torch engine's (SGLang): run or print their servers",
         description="The SGLang servers of one CP worker (--degree) or of a domain pod's grouping "
-        "(--degrees). A server of the worker whose first GPU in the pod is O listens on "
+        "(--degrees), run by the adapter behind the Worker gRPC protocol. A server of the worker whose first GPU in the pod is O listens on "
         "HTTP_BASE_PORT + O (and so on for each port kind). --print-command prints the environment "
         "and the exact SGLang command line of each server without starting anything.",
     )
@@ -100,13 +105,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     w.add_argument("--served-model-name", default=None)
     w.add_argument("--trust-remote-code", action="store_true")
     w.add_argument("--python", default="python3", help="the interpreter (default python3)")
+    w.add_argument(
+        "--worker-ids",
+        type=_ints,
+        default=None,
+        help="pool-level ids of the --degrees workers, in order (default: each one's first GPU)",
+    )
+    w.add_argument(
+        "--launcher",
+        default=None,
+        help="run this command line instead of `PYTHON -m sglang.launch_server`, with the same "
+        "flags (tests: a stand-in server)",
+    )
+    w.add_argument(
+        "--vocab-size", type=int, default=None, help="(default: the model's config.json)"
+    )
+    w.add_argument(
+        "--health-timeout",
+        type=float,
+        default=900.0,
+        help="seconds for a server to answer /health after it starts (default 900)",
+    )
+    w.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=30.0,
+        help="seconds from SIGTERM to SIGKILL when a server stops (default 30)",
+    )
+    w.add_argument(
+        "--event-buffer",
+        type=int,
+        default=4096,
+        help="cache events kept per worker for subscribers that reconnect (default 4096)",
+    )
     w.add_argument("--print-command", action="store_true", help="print the commands, start nothing")
     w.add_argument("--json", action="store_true", help="with --print-command: print JSON")
     w.set_defaults(func=cmd_worker)
 
 
-def _servers(args: argparse.Namespace) -> list[ServerCommand]:
-    options = SglangOptions(
+def _options(args: argparse.Namespace) -> SglangOptions:
+    return SglangOptions(
         model_path=args.model,
         block_size=args.block_size,
         dtype=args.dtype,
@@ -127,6 +165,10 @@ def _servers(args: argparse.Namespace) -> list[ServerCommand]:
         trust_remote_code=args.trust_remote_code,
         python=args.python,
     )
+
+
+def _servers(args: argparse.Namespace) -> list[ServerCommand]:
+    options = _options(args)
     if args.degree is not None:
         if args.gpus_per_domain is not None:
             raise CommandError("--gpus-per-domain goes with --degrees")
@@ -152,13 +194,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         print(f"vertumnus: error: {e}", file=sys.stderr)
         return 2
     if not args.print_command:
-        print(
-            "vertumnus: error: running SGLang workers needs the engine adapter (start, supervise "
-            "and regroup the servers, serve the Worker protocol over them), which is not built "
-            "yet; --print-command prints what it would start",
-            file=sys.stderr,
-        )
-        return 2
+        return _run(args, servers)
     if args.json:
         doc = {
             "engine": "sglang",
@@ -173,3 +209,42 @@ def cmd_worker(args: argparse.Namespace) -> int:
         print(_describe(s))
         print(s.shell())
     return 0
+
+
+def _run(args: argparse.Namespace, servers: list[ServerCommand]) -> int:
+    """Run the adapter over the grouping ``servers`` describes (its commands are checked)."""
+    from .adapter import AdapterSettings
+    from .serve import run_adapter
+
+    if args.gpus is not None or args.offset:
+        print(
+            "vertumnus: error: the adapter runs a whole pod's grouping: use --degrees (or "
+            "--degree C alone), not --gpus/--offset",
+            file=sys.stderr,
+        )
+        return 2
+    world = args.gpus_per_domain or sum(s.degree for s in servers)
+    ids = args.worker_ids or [s.offset for s in servers]
+    if len(ids) != len(servers):
+        print(
+            f"vertumnus: error: --worker-ids {ids}: {len(ids)} ids for {len(servers)} workers",
+            file=sys.stderr,
+        )
+        return 2
+    slots = [Slot(i, s.degree, 0, s.offset) for i, s in zip(ids, servers, strict=True)]
+    settings = AdapterSettings(
+        max_tokens=args.max_tokens,
+        event_buffer=args.event_buffer,
+        health_timeout_s=args.health_timeout,
+        stop_timeout_s=args.stop_timeout,
+        launcher=tuple(shlex.split(args.launcher)) if args.launcher else None,
+        vocab_size=args.vocab_size,
+    )
+    return run_adapter(
+        world,
+        slots,
+        _options(args),
+        settings,
+        host=args.host,
+        grpc_base_port=args.grpc_base_port,
+    )

@@ -489,6 +489,17 @@ class SglangEventDecoder:
         self._replay_from = self.expected
         return replay_request(self.expected)
 
+    def catch_up_request(self) -> list[bytes] | None:
+        """The frames that ask for every batch from :attr:`expected` on even without a
+        gap, unless a replay is in flight: a subscriber that connected late, or a quiet
+        stream, learns of batches ZMQ's PUB dropped before the subscription reached it
+        (it drops them silently; only a later batch would show the gap). The answers go
+        to :meth:`replay` like a gap's."""
+        if self._replay_from is not None:
+            return None
+        self._replay_from = self.expected
+        return replay_request(self.expected)
+
     @property
     def replaying(self) -> bool:
         return self._replay_from is not None
@@ -507,10 +518,11 @@ class SglangEventDecoder:
         return out + self._receive(msg.sequence, msg.payload)
 
     def skip_gap(self) -> list[CacheChange]:
-        """Give up on the open gap (no replay socket, or it timed out): apply what waits."""
+        """Give up on the open gap (no replay socket, or it timed out) and on the replay in
+        flight, if any: apply what waits."""
+        self._replay_from = None
         if not self._pending:
             return []
-        self._replay_from = None
         return self._lose_until(min(self._pending))
 
     # -- internals -------------------------------------------------------------------

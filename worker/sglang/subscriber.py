@@ -8,7 +8,8 @@ the missing batches (SGLang's protocol: ``events.replay_request``); a replay tha
 not answer within ``replay_timeout_s``, or a server without a replay socket, makes the
 gap lost (``decoder.stale``). A subscriber that connects late misses the first
 batches (ZMQ's PUB drops messages for peers not yet connected), so its first live
-batch opens a gap from ``first_sequence`` that the replay fills.
+batch opens a gap from ``first_sequence`` that the replay fills; :meth:`catch_up` asks
+without waiting for a later batch (the adapter calls it when the stream is quiet).
 
 pyzmq is imported here only, when a subscriber is made (the ``sglang`` extra).
 """
@@ -82,18 +83,32 @@ class SglangEventSubscriber:
             out += self._drain(self._dealer, self.decoder.replay, max_messages)
         if ready.get(self._sub):
             out += self._drain(self._sub, self.decoder.live, max_messages)
-        if self.decoder.gap is not None:
+        if self.decoder.replaying:
+            if time.monotonic() - self._asked_at > self._replay_timeout_s:
+                out += self.decoder.skip_gap()  # the replay (and any open gap) given up
+                self._open_dealer()
+        elif self.decoder.gap is not None:
             if self._dealer is None:
                 out += self.decoder.skip_gap()
-            elif not self.decoder.replaying:
+            else:
                 request = self.decoder.replay_request()
                 if request is not None:
                     self._dealer.send_multipart(request)
                     self._asked_at = time.monotonic()
-            elif time.monotonic() - self._asked_at > self._replay_timeout_s:
-                out += self.decoder.skip_gap()
-                self._open_dealer()
         return out
+
+    def catch_up(self) -> bool:
+        """Ask the replay socket for every batch from the decoder's next sequence on
+        (:meth:`~.events.SglangEventDecoder.catch_up_request`); False without a replay
+        socket or while a replay is in flight. Answers arrive through :meth:`poll`."""
+        if self._dealer is None:
+            return False
+        request = self.decoder.catch_up_request()
+        if request is None:
+            return False
+        self._dealer.send_multipart(request)
+        self._asked_at = time.monotonic()
+        return True
 
     def _drain(self, socket: Any, feed: Any, limit: int) -> list[CacheChange]:
         out: list[CacheChange] = []
