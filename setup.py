@@ -9,9 +9,10 @@ imports by the proto's path (``from vertumnus.worker.v1 import worker_pb2``,
 modules actually live in. After editing a .proto, re-run
 ``pip install -e . --no-deps``.
 
-The C extension is optional: where no C compiler is available the build
-goes on without it and placement runs its pure-Python twin (same results,
-~2x slower; ``vertumnus.core.placement.HOT_PATH`` says which one runs).
+The C extensions are optional: where no C compiler is available the build
+goes on without them and placement and the what-if replay run their
+pure-Python twins (same results, slower; ``HOT_PATH`` in
+``vertumnus.core.placement`` and ``vertumnus.core.whatif`` says which one runs).
 """
 
 from __future__ import annotations
@@ -90,6 +91,12 @@ setup(
             ["src/vertumnus/core/_placement.c"],
             extra_compile_args=_FP_STRICT,
             optional=True,
-        )
+        ),
+        Extension(
+            "vertumnus.core._whatif",
+            ["src/vertumnus/core/_whatif.c"],
+            extra_compile_args=_FP_STRICT,
+            optional=True,
+        ),
     ],
 )

@@ -12,6 +12,15 @@ multi-step transition). Also times the one-off steps: lattice enumeration
 and the initial composition from a 12,031-request history (the Mooncake
 conversation trace's size).
 
+**With the what-if check** (issue 12): the whole decision of
+:meth:`vertumnus.core.control.Controller.tick` — the rules plus the what-if
+replay of the window's requests on the current composition and on the
+compositions along the split and merge paths — on 40 to 1,024 GPUs, with
+the window holding 0.75 requests per second per GPU for 20 s (the heavy
+Mooncake load on 40 GPUs, 30 req/s, scaled with the pool: 15,360 requests
+at 1,024 GPUs), drawn from the built-in synthetic generator with reuse as
+an ideal cache gives it.
+
 Times are **CPU time** of this process (``time.process_time``), so other
 work on a shared machine does not inflate them; wall-clock medians and
 maxima are recorded next to them (``wall_*``).
@@ -31,8 +40,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from vertumnus.core import planner
+from vertumnus.core.control import Controller, history_requests
 from vertumnus.core.types import Composition
 from vertumnus.profiles import load_model
+from vertumnus.sim.synthetic import SyntheticConfig, generate
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "adaptive_planner_speed.json"
 CAP = planner.CapacityProfile({1: 0.29, 2: 0.38, 4: 0.46, 8: 0.63})
@@ -56,9 +67,59 @@ def time_calls(fn, repeat: int) -> dict[str, float]:
     }
 
 
+def whatif_decisions(repeat: int = 5) -> dict[str, dict]:
+    """CPU time of one Controller.tick with the what-if check (module docstring)."""
+    model = load_model()
+    out = {}
+    for gpus, comp, degrees in (
+        (40, "6xCP4+2xCP8", (4, 8)),
+        (256, "32xCP4+16xCP8", (4, 8)),
+        (1024, "128xCP4+64xCP8", (4, 8)),
+        (1024, "512xCP1+128xCP2+64xCP4", (1, 2, 4, 8)),
+    ):
+        trace = generate(
+            SyntheticConfig(duration_s=20.0, mean_rate=0.75 * gpus, peak_to_trough=1.0), seed=0
+        )
+        hist = history_requests(trace.requests, trace.block_size)
+        settings = planner.PlannerSettings(degrees=degrees, persist_windows=1)
+        layout = planner.layout_for(Composition.parse(comp))
+        running = {s.worker: (s.worker % 7) * 0.1 for s in layout.slots}
+        last: dict[str, object] = {}
+
+        cpu, wall = [], []
+        for _ in range(repeat):
+            ctl = Controller(
+                planner.initial_state(layout), CAP, settings, model, None, trace.block_size
+            )
+            for r, h in zip(trace.requests, hist, strict=True):
+                ctl.windows.placed(r, 0.01, h.cached_tokens)
+            w0, c0 = time.perf_counter(), time.process_time()
+            tick = ctl.tick(running, reconfiguring=False)
+            cpu.append((time.process_time() - c0) * 1e3)
+            wall.append((time.perf_counter() - w0) * 1e3)
+            assert tick is not None and tick.whatif is not None
+            last = {
+                "verdict": tick.whatif.verdict,
+                "candidates": len(tick.whatif.candidates),
+                "ops": len(tick.ops),
+            }
+        label = f"{gpus} GPUs, {len(layout.slots)} workers ({comp}), {len(trace)} requests"
+        out[label] = {
+            "median_ms": statistics.median(cpu),
+            "max_ms": max(cpu),
+            "wall_median_ms": statistics.median(wall),
+            **last,
+        }
+        print(label, round(statistics.median(cpu), 1), "ms", last, file=sys.stderr)
+    return out
+
+
 def main() -> int:
     settings = planner.PlannerSettings(degrees=(1, 2, 4, 8), persist_windows=1)
-    results: dict[str, object] = {"date": "2026-11-30", "command": "python bench/planner_speed.py"}
+    results: dict[str, object] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "command": "python bench/planner_speed.py",
+    }
     decisions = {}
     advance_calls: dict[str, dict] = {}
     for gpus, comp in (
@@ -143,6 +204,10 @@ def main() -> int:
     )
     worst = max(v["max_ms"] for per in decisions.values() for v in per.values())
     results["worst_step_ms"] = worst
+    results["tick_with_whatif"] = whatif_decisions()
+    results["worst_tick_with_whatif_ms"] = max(
+        v["max_ms"] for v in results["tick_with_whatif"].values()
+    )
     results["worst_advance_ms"] = max(
         (v["max_ms"] for per in advance_calls.values() for v in per.values()), default=0.0
     )

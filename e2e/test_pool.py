@@ -311,3 +311,44 @@ def test_flush_and_restart_of_an_engine_keep_the_index_true(tmp_path) -> None:
     assert restarted == {0: set(), 1: set()}  # stale entries of the old incarnation dropped
     assert r.cached_tokens == 0  # nothing cached after the restart, and the router knew it
     assert counts[0].drops >= 2 and counts[1].drops >= 1  # the clear and the restart, counted
+
+
+def test_the_routers_controller_runs_the_what_if_check_on_real_requests(tmp_path) -> None:
+    """The router's own controller (``vertumnus up``) feeds the check the requests it
+    placed: each window with enough of them gets a verdict, and whatever it decides,
+    every request is answered once."""
+    e = ps.Engine(2, [2], tmp_path / "engine.log").start()
+    control = planner.PlannerSettings(window_s=1.0, domain_size=2, degrees=(1, 2), min_requests=5)
+
+    async def scenario():  # type: ignore[no-untyped-def]
+        running = await start_router(settings(controller=control), [e.address])
+        try:
+            async with grpc.aio.insecure_channel(running.address) as ch:
+                stub = pool_pb2_grpc.PrefillStub(ch)
+                answers = []
+                for burst in range(4):  # four windows' worth of short bursts
+                    calls = [
+                        _send(stub, f"w{burst}-{i}", [(7 * i + j) % 200 + 1 for j in range(24)])
+                        for i in range(12)
+                    ]
+                    answers += await asyncio.gather(*calls)
+                    await asyncio.sleep(1.0)
+            registry = running.router.metrics.registry
+            verdicts = {
+                s.labels["verdict"]: s.value
+                for m in registry.collect()
+                if m.name == "vertumnus_controller_whatif"
+                for s in m.samples
+                if s.name.endswith("_total")
+            }
+            return answers, verdicts
+        finally:
+            await running.stop()
+
+    try:
+        answers, verdicts = asyncio.run(scenario())
+    finally:
+        e.stop()
+    assert len(answers) == 48 and all(a.first_token_id >= 0 for a in answers)
+    assert sum(verdicts.values()) >= 2, verdicts  # windows with >= 5 requests were checked
+    assert set(verdicts) <= {"agree", "extend", "veto", "trigger", "wait", "stay"}

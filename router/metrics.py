@@ -137,6 +137,13 @@ class RouterMetrics:
             buckets=_FAST_BUCKETS,
             registry=r,
         )
+        self._whatif = Counter(
+            "vertumnus_controller_whatif",
+            "The controller's what-if check per window, by verdict (agree, extend, veto, "
+            "trigger, wait, stay).",
+            ["verdict"],
+            registry=r,
+        )
         self._state = _StateCollector()
         r.register(self._state)
         self.placement_samples: deque[float] = deque(maxlen=100_000)
@@ -223,6 +230,9 @@ class RouterMetrics:
 
     def controller_seconds(self, seconds: float) -> None:
         self._controller.observe(seconds)
+
+    def whatif_verdict(self, verdict: str) -> None:
+        self._whatif.labels(verdict).inc()
 
 
 @dataclass(frozen=True)

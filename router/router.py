@@ -162,6 +162,9 @@ class _Hop:
     long_requests: int = 0
     long_demand_s: float = 0.0
     reused: dict[int, float] = field(default_factory=dict)
+    placed: list[tuple[Request, int]] = field(default_factory=list)
+    """The first placements (request, cached tokens counted on), for the local
+    controller's what-if check."""
 
 
 class Router:
@@ -515,12 +518,11 @@ class Router:
             hop = self._hop
             hop.demand_s += decision.estimate_s
             hop.requests += 1
-            if (
-                self.settings.controller is not None
-                and p.request.length > self.settings.controller.long_threshold
-            ):
-                hop.long_requests += 1
-                hop.long_demand_s += decision.estimate_s
+            if self.settings.controller is not None:
+                hop.placed.append((p.request, decision.cached_tokens))
+                if p.request.length > self.settings.controller.long_threshold:
+                    hop.long_requests += 1
+                    hop.long_demand_s += decision.estimate_s
         w = self.workers[decision.worker]
         w.queue.append(p)
         w.idle.clear()
@@ -868,7 +870,9 @@ class Router:
         assert self.pool is not None
         capacity = load_capacity(self.model.name)
         state = planner.ControllerState(layout=self.pool.layout, epoch=self.pool.epoch)
-        self.controller = Controller(state, capacity, settings)
+        self.controller = Controller(
+            state, capacity, settings, self.model, self.settings.placement, self.block_size
+        )
         self._spawn(self._control_loop(), "controller")
 
     async def _control_loop(self) -> None:
@@ -880,11 +884,16 @@ class Router:
             _, hop, running, busy = self.take_window(hop_n)
             windows = self.controller.windows
             windows.add(hop.demand_s, hop.requests, hop.long_requests, hop.long_demand_s)
+            for request, cached in hop.placed:
+                windows.seen(request, cached)
             for worker, blocks in hop.reused.items():
                 windows.reused(worker, blocks)
             t0 = time.perf_counter()
             tick = self.controller.tick(running, busy)
             self.metrics.controller_seconds(time.perf_counter() - t0)
+            if tick is not None and tick.whatif is not None:
+                self.metrics.whatif_verdict(tick.whatif.verdict)
+                _log.debug("controller what-if: %s", tick.whatif.to_dict())
             if tick is not None and tick.ops:
                 _log.info(
                     "controller: %s (utilization %.2f)",

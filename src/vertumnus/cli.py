@@ -143,6 +143,13 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
         help="reshape the trace into workload phases (see docs: vertumnus.sim.phases)",
     )
     p.add_argument(
+        "--prefixes",
+        default=None,
+        metavar="KEY=VAL,...",
+        help="give a trace without prefix information (Azure) shared system prompts: "
+        "n=16,zipf=1.1,median=1024,share=0.9 (see vertumnus.sim.prefixes); '' for the defaults",
+    )
+    p.add_argument(
         "--seed", type=int, default=0, help="seed for the synthetic generator and phase resampling"
     )
     p.add_argument(
@@ -234,6 +241,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         beta_busy=placement.beta_busy if args.beta_busy is None else args.beta_busy,
     )
     trace = load_trace(args.trace, seed=args.seed, block_size=args.block_size)
+    if args.prefixes is not None:
+        from vertumnus.sim.prefixes import parse_prefix_options, with_prefixes
+
+        try:
+            trace = with_prefixes(trace, parse_prefix_options(args.prefixes), seed=args.seed)
+        except ValueError as e:
+            raise UsageError(f"--{e}") from None
     if args.requests is not None:
         trace = Trace(trace.name, trace.requests[: args.requests], trace.block_size)
     trace = scale_lengths(trace, args.length_scale, args.max_tokens)

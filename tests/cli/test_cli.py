@@ -63,6 +63,8 @@ def test_simulate_writes_json_and_plot(tmp_path):
         (["--planner", "persist_windows"], "expected NAME=VALUE"),
         (["--planner", "lower=0.95"], "lower"),  # PlannerSettings' own range check
         (["--compare", "vertumnus-adaptive:4xCP4"], "keeps all --gpus 40 GPUs, but 4xCP4 uses 16"),
+        (["--prefixes", "n=0"], "--prefixes: n must be >= 1, got 0"),
+        (["--prefixes", "size=3"], "--prefixes: bad item 'size=3'"),
     ],
 )
 def test_simulate_errors_are_one_clear_line(args, message):
@@ -84,6 +86,20 @@ def test_bad_trace_line_names_file_and_line(tmp_path):
     p = run("simulate", "--trace", str(t))
     assert p.returncode == 2
     assert "bad.jsonl:2" in p.stderr
+
+
+def test_azure_trace_with_synthetic_prefixes_gets_hits(tmp_path):
+    csv = tmp_path / "azure.csv"
+    rows = [f"2023-11-16 18:17:{i // 10:02d}.{i % 10}000000,{3000 + 37 * i},10" for i in range(200)]
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    hit = {}
+    for label, extra in (("plain", []), ("prefixes", ["--prefixes", "n=2,median=2048"])):
+        out = tmp_path / f"{label}.json"
+        argv = ["simulate", "--trace", str(csv), "--compare", "vertumnus:2xCP4", "--gpus", "8"]
+        assert main([*argv, "--json", str(out), *extra]) == 0
+        policies = json.loads(out.read_text())["policies"]
+        hit[label] = policies["vertumnus:2xCP4"]["token_hit_rate"]
+    assert hit["plain"] == 0.0 < hit["prefixes"]
 
 
 def test_an_adaptive_pool_can_start_from_a_composition(tmp_path):
@@ -204,7 +220,11 @@ def test_planner_settings_reach_the_adaptive_controller(tmp_path):
     assert parse_planner_settings(None) == parse_planner_settings("")
 
     runs = {}
-    for label, planner in (("default", None), ("slow", "window_s=60,persist_windows=4")):
+    # The rules alone (whatif=false): their windows and persistence set the pace.
+    for label, planner in (
+        ("default", "whatif=false"),
+        ("slow", "whatif=false,window_s=60,persist_windows=4"),
+    ):
         out = tmp_path / f"{label}.json"
         argv = [
             "simulate",

@@ -87,13 +87,16 @@ def test_adaptive_pool_reconfigures_and_loses_nothing(model: PrefillModel) -> No
 def test_adaptive_pool_chains_a_transition_without_waiting_for_windows(
     model: PrefillModel,
 ) -> None:
-    """Multi-step: the second split starts at the first one's commit, not a window later."""
+    """Multi-step: the second split starts at the first one's commit, not a window later
+    (the rules' transitions: the what-if check, which picks its own targets, is off)."""
     trace = two_phase_trace()
     runs = {}
     for multi in (True, False):
         opts = AdaptiveOptions(
             gpus=16,
-            control=planner.PlannerSettings(window_s=5.0, persist_windows=2, multi_step=multi),
+            control=planner.PlannerSettings(
+                window_s=5.0, persist_windows=2, multi_step=multi, whatif=False
+            ),
             initial=Composition.parse("2xCP8"),
         )
         sim = build_adaptive(trace, model, opts)

@@ -126,6 +126,18 @@ def test_cycling_remaps_keys_per_cycle(source: Trace) -> None:
     assert abs(token_hit_rate(out) - token_hit_rate(source)) < 0.1
 
 
+def test_cycled_keys_keep_their_position(source: Trace) -> None:
+    """A chained key names one prefix, so it stands at one position in every request.
+    (A salt of mix64(cycle) broke this wherever a block id equalled the cycle number,
+    and the prefix index refused the trace.)"""
+    out, _ = apply_phases(source, "900s:rate=6", seed=0)
+    assert len(out) > 5 * len(source)  # several cycles
+    position: dict[int, int] = {}
+    for r in out:
+        for i, k in enumerate(r.block_keys):
+            assert position.setdefault(k, i) == i
+
+
 def test_deterministic_and_seeded(source: Trace) -> None:
     spec = "100s:rate=2,long=0.5;100s:rate=0.5,long=4"
     a, b, c = (apply_phases(source, spec, seed=s)[0] for s in (5, 5, 6))

@@ -29,12 +29,25 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from vertumnus.core import planner
-from vertumnus.core.types import Request, cached_tokens
+from vertumnus.core import planner, whatif
+from vertumnus.core.costmodel import PrefillModel
+from vertumnus.core.placement import PlacementParams
+from vertumnus.core.types import Composition, Request, cached_tokens
 
-__all__ = ["Controller", "ControlWindows", "Tick", "history_requests"]
+__all__ = [
+    "Controller",
+    "ControlWindows",
+    "Tick",
+    "WhatIf",
+    "WindowRequest",
+    "history_requests",
+    "initial_composition",
+]
+
+WindowRequest = tuple[float, int, int, tuple[int, ...]]
+"""A request as the what-if check sees it: arrival, length, cached tokens, block keys."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,8 @@ class Tick:
     ops: tuple[planner.Op, ...]
     target: str | None
     """Where the transition in progress is heading (multi-step), if anywhere."""
+    whatif: WhatIf | None = None
+    """The what-if check of this window (None: not made)."""
 
 
 class ControlWindows:
@@ -60,14 +75,50 @@ class ControlWindows:
         self._buckets: deque[tuple[float, int, int, float]] = deque(maxlen=settings.hops_per_window)
         """The last H/h hops' (demand, requests, long requests, long demand), newest last."""
         self._reuse: dict[int, float] = {}
+        self._seen: list[WindowRequest] = []
+        self._seen_keys: dict[int, list[int]] = {}
+        self._seen_buckets: deque[tuple[list[WindowRequest], dict[int, list[int]]]] = deque(
+            maxlen=settings.hops_per_window
+        )
+        """The open hop's and the last hops' requests, each hop with its key index (block
+        key → positions of the hop's requests that carry it), for the what-if check: the
+        index is built here, a few dict operations per placement, so that the check
+        does not scan every block of the window (:class:`vertumnus.core.whatif.RequestTable`)."""
 
-    def placed(self, request: Request, estimate_s: float) -> None:
-        """A request's first placement: its Ê counts in the open hop."""
+    def placed(self, request: Request, estimate_s: float, cached_tokens: int = 0) -> None:
+        """A request's first placement: its Ê counts in the open hop (``cached_tokens``:
+        the prefix it reuses there, for the what-if check)."""
         self._demand += estimate_s
         self._requests += 1
         if request.length > self.settings.long_threshold:
             self._long += 1
             self._long_demand += estimate_s
+        self.seen(request, cached_tokens)
+
+    def seen(self, request: Request, cached_tokens: int) -> None:
+        """A request for the what-if check only (its demand counted by :meth:`add`)."""
+        index = self._seen_keys
+        pos = len(self._seen)
+        for k in request.block_keys:
+            found = index.get(k)
+            if found is None:
+                index[k] = [pos]
+            else:
+                found.append(pos)
+        self._seen.append((request.arrival_s, request.length, cached_tokens, request.block_keys))
+
+    def requests(self) -> tuple[list[WindowRequest], list[tuple[int, Mapping[int, list[int]]]]]:
+        """The window's requests in placement order, and their key index in parts:
+        (offset of the part's first request, block key → positions in the part)."""
+        hops = self.settings.hops_per_window
+        parts = list(self._seen_buckets)[-(hops - 1) :] if hops > 1 else []
+        parts.append((self._seen, self._seen_keys))
+        out: list[WindowRequest] = []
+        index: list[tuple[int, Mapping[int, list[int]]]] = []
+        for reqs, keys in parts:
+            index.append((len(out), keys))
+            out.extend(reqs)
+        return out, index
 
     def add(self, demand_s: float, requests: int, long_requests: int, long_demand_s: float) -> None:
         """Demand counted elsewhere (a router replica's report for the open hop)."""
@@ -126,24 +177,74 @@ class ControlWindows:
         (halving per window)."""
         self._buckets.append((self._demand, self._requests, self._long, self._long_demand))
         self._demand, self._requests, self._long, self._long_demand = 0.0, 0, 0, 0.0
+        self._seen_buckets.append((self._seen, self._seen_keys))
+        self._seen, self._seen_keys = [], {}
         decay = 0.5 ** (self.settings.hop / self.settings.window_s)
         for w in self._reuse:
             self._reuse[w] *= decay
 
 
+@dataclass(frozen=True)
+class WhatIf:
+    """The what-if check of one window (:mod:`vertumnus.core.whatif`)."""
+
+    current: whatif.Estimate
+    candidates: tuple[tuple[str, whatif.Estimate], ...]
+    """(direction, estimate) of the compositions along the split and merge paths."""
+    proposed: whatif.Estimate | None
+    """The estimate of the target the rules asked for, if they asked."""
+    verdict: str
+    """``agree`` (the rules' move pays), ``extend`` (it pays, and going further
+    the same way pays more: the check's target replaces the rules'), ``veto``
+    (it does not pay; not made), ``trigger`` (the check moves on its own: a
+    candidate paid for ``persist_windows`` windows, or by ``whatif_decisive``
+    in one), ``wait`` (a candidate pays, not yet long enough) or ``stay``."""
+
+    @property
+    def best(self) -> whatif.Estimate | None:
+        return min((e for _, e in self.candidates), key=lambda e: e.mean_s, default=None)
+
+    def to_dict(self) -> dict[str, object]:
+        best = self.best
+        return {
+            "verdict": self.verdict,
+            "current": self.current.to_dict(),
+            "best": None if best is None else best.to_dict(),
+            "proposed": None if self.proposed is None else self.proposed.to_dict(),
+            "candidates": [dict(e.to_dict(), direction=d) for d, e in self.candidates],
+        }
+
+
 class Controller:
-    """The planner's state and its windows, stepped by a shell."""
+    """The planner's state and its windows, stepped by a shell.
+
+    With a prefill ``model`` (and ``settings.whatif``) every decision passes the
+    what-if check (:meth:`_check`): the rules' moves are made only if the
+    cost model says they pay on the window's requests, and a move the rules
+    do not ask for is made when it pays for ``persist_windows`` windows.
+    Without a model (a shell that reports no requests) the rules decide alone.
+    """
 
     def __init__(
         self,
         state: planner.ControllerState,
         capacity: planner.CapacityProfile,
         settings: planner.PlannerSettings,
+        model: PrefillModel | None = None,
+        params: PlacementParams | None = None,
+        block_size: int = 512,
     ) -> None:
         self.state = state
+        self.block_size = block_size
         self.capacity = capacity
         self.settings = settings
         self.windows = ControlWindows(settings)
+        self.model = model
+        self.params = params or PlacementParams()
+        self._streak: tuple[str, int] = ("", 0)
+        """Direction of the what-if candidate that paid in the last windows, and for how many."""
+        self._goal: tuple[str, Composition] | None = None
+        """Direction and target of a move the what-if check started."""
 
     def workers(
         self, running_remaining_s: Mapping[int, float]
@@ -162,16 +263,184 @@ class Controller:
             self.windows.close_hop()
             return None
         obs = self.windows.observation(self.workers(running_remaining_s), reconfiguring)
-        self.state, ops = planner.step(self.state, obs, self.capacity, self.settings)
+        before = self.state
+        self.state, ops = planner.step(before, obs, self.capacity, self.settings)
+        check = None
+        if (
+            self.model is not None
+            and self.settings.whatif
+            and not reconfiguring
+            and not before.pending
+            and self._goal is None
+        ):
+            requests, index = self.windows.requests()
+            if len(requests) >= self.settings.min_requests:
+                check, ops = self._check(before, obs, ops, requests, index)
         k_cap = self.capacity.capacity_per_s(s.degree for s in self.state.layout.slots)
         tick = Tick(
             obs,
             obs.demand_s / (self.settings.window_s * k_cap),
             ops,
             None if self.state.target is None else str(self.state.target),
+            check,
         )
         self.windows.close_hop()
         return tick
+
+    def _estimates(
+        self,
+        table: whatif.RequestTable,
+        layout: planner.Layout,
+        workers: Sequence[planner.WorkerObservation],
+        direction: str,
+        target: Composition | None = None,
+    ) -> list[tuple[list[planner.PathStep], whatif.Estimate]]:
+        """Estimates along the ``direction`` path from ``layout`` (after 1, 2, 4, ...
+        operations, and the last), or of ``target`` only."""
+        ps = self.settings
+        path = planner.free_path(
+            layout, (), direction, ps, workers, target=target, limit=ps.max_walk
+        )
+        if target is not None:
+            ks = [len(path)] if path and path[-1].composition == target else []
+        else:
+            # Steps 1, 2, 4, then 16, 64, ... and the end of the path: the few
+            # neighbours that matter on a small pool, and a few replays per
+            # direction however long the path (a large pool, where one operation
+            # moves little).
+            n = len(path)
+            ks = sorted({k for k in (1, 2, 4, 16, 64) if k < n} | {n}) if n else []
+        out = []
+        for k in ks:
+            steps = path[:k]
+            starts = whatif.transition_starts(
+                [(st.drain_s, st.made) for st in steps], ps.switch_s, ps.max_concurrent_ops
+            )
+            out.append((steps, whatif.estimate(table, steps[-1].composition, self.params, starts)))
+        return out
+
+    def _check(
+        self,
+        before: planner.ControllerState,
+        obs: planner.WindowObservation,
+        ops: tuple[planner.Op, ...],
+        requests: Sequence[WindowRequest],
+        index: Sequence[tuple[int, Mapping[int, Sequence[int]]]],
+    ) -> tuple[WhatIf, tuple[planner.Op, ...]]:
+        """The what-if check of this window: the rules' ``ops`` kept or vetoed, or the
+        check's own move (module docstring of :mod:`vertumnus.core.whatif`)."""
+        assert self.model is not None
+        ps = self.settings
+        layout = before.layout
+        degrees = sorted(set(ps.degrees) | {s.degree for s in layout.slots})
+        table = whatif.RequestTable(requests, self.block_size, self.model, degrees, index)
+        current = whatif.estimate(
+            table, Composition.of([s.degree for s in layout.slots]), self.params
+        )
+
+        def pays(e: whatif.Estimate) -> bool:
+            # The mean must improve by the margin, and the P90 not get worse by more.
+            return e.mean_s <= current.mean_s * (1.0 - ps.whatif_margin) and (
+                e.p90_s <= current.p90_s * (1.0 + ps.whatif_margin)
+            )
+
+        paths = {d: self._estimates(table, layout, obs.workers, d) for d in ("split", "merge")}
+        candidates = tuple((d, e) for d, found in paths.items() for _, e in found)
+        paying = [(d, steps, e) for d, found in paths.items() for steps, e in found if pays(e)]
+        best = min(paying, key=lambda c: (c[2].mean_s, len(c[1])), default=None)
+        decisive = best is not None and best[2].mean_s <= current.mean_s * (
+            1.0 - ps.whatif_decisive
+        )
+        if ops:
+            direction = "split" if isinstance(ops[0], planner.Split) else "merge"
+            target = self.state.target or self._after(layout, ops)
+            found = [e for _, e in paths[direction] if e.composition == target]
+            if not found:
+                found = [
+                    e for _, e in self._estimates(table, layout, obs.workers, direction, target)
+                ]
+            proposed = found[0] if found else None
+            self._streak = ("", 0)
+            if proposed is not None and pays(proposed):
+                # The rules' move pays. Going further the same way pays more? Then there.
+                if (
+                    best is not None
+                    and best[0] == direction
+                    and best[2].mean_s <= proposed.mean_s * (1.0 - ps.whatif_margin)
+                ):
+                    return self._move(before, best, current, candidates, proposed, "extend")
+                return WhatIf(current, candidates, proposed, "agree"), ops
+            if decisive and best is not None:
+                return self._move(before, best, current, candidates, proposed, "trigger")
+            # Veto: the rules' move does not pay on this window; nothing starts.
+            self.state = replace(
+                before, split_streak=0, merge_streak=0, confirming=(), momentum=None
+            )
+            return WhatIf(current, candidates, proposed, "veto"), ()
+        if best is None:
+            self._streak = ("", 0)
+            return WhatIf(current, candidates, None, "stay"), ()
+        n = self._streak[1] + 1 if self._streak[0] == best[0] else 1
+        self._streak = (best[0], n)
+        if n < ps.persist_windows and not decisive:
+            return WhatIf(current, candidates, None, "wait"), ()
+        return self._move(before, best, current, candidates, None, "trigger")
+
+    def _move(
+        self,
+        before: planner.ControllerState,
+        chosen: tuple[str, list[planner.PathStep], whatif.Estimate],
+        current: whatif.Estimate,
+        candidates: tuple[tuple[str, whatif.Estimate], ...],
+        proposed: whatif.Estimate | None,
+        verdict: str,
+    ) -> tuple[WhatIf, tuple[planner.Op, ...]]:
+        """Start the what-if check's own move toward ``chosen`` (direction, path, estimate)
+        in place of whatever the rules decided."""
+        ps = self.settings
+        direction, steps, best = chosen
+        self._streak = ("", 0)
+        start = planner.startable([st.op for st in steps], before.layout, (), self.capacity, ps)
+        if not start:
+            self.state = replace(
+                before, split_streak=0, merge_streak=0, confirming=(), momentum=None
+            )
+            return WhatIf(current, candidates, proposed, "wait"), ()
+        why = (
+            f"what-if: {best.composition} {best.mean_s:.3f} s vs {current.mean_s:.3f} s "
+            f"on {current.composition}"
+        )
+        start = tuple(replace(op, reason=why) for op in start)
+        self._goal = (direction, best.composition)
+        self.state = replace(
+            before,
+            split_streak=0,
+            merge_streak=0,
+            confirming=(),
+            pending=start,
+            momentum=None,
+            target=best.composition,
+            plan=(),
+            history=before.history + (why,),
+        )
+        return WhatIf(current, candidates, proposed, verdict), start
+
+    @staticmethod
+    def _after(layout: planner.Layout, ops: Sequence[planner.Op]) -> Composition:
+        """The composition ``ops`` (on existing workers) lead to."""
+        degree = {s.worker: s.degree for s in layout.slots}
+        degrees = list(degree.values())
+        for op in ops:
+            if isinstance(op, planner.Split):
+                d = degree[op.worker]
+                degrees.remove(d)
+                degrees += [d // 2, d // 2]
+            else:
+                d = degree[op.workers[0]]
+                degrees.remove(d)
+                degrees.remove(d)
+                degrees.append(2 * d)
+        return Composition.of(degrees)
 
     def committed(
         self,
@@ -184,10 +453,71 @@ class Controller:
         operations of the transition in progress (empty: none now)."""
         self.state = planner.commit(self.state, new_ids, op)
         self.windows.forget(removed)
-        self.state, more = planner.advance(
-            self.state, self.workers(running_remaining_s), self.capacity, self.settings
-        )
+        workers = self.workers(running_remaining_s)
+        if self._goal is not None:
+            return self._toward_goal(workers)
+        self.state, more = planner.advance(self.state, workers, self.capacity, self.settings)
         return more
+
+    def _toward_goal(self, workers: Sequence[planner.WorkerObservation]) -> tuple[planner.Op, ...]:
+        """The next operations of a move the what-if check started (none: it is over,
+        or it cannot be reached from here and stops where it is)."""
+        assert self._goal is not None
+        direction, goal = self._goal
+        st = self.state
+        path = planner.free_path(
+            st.layout, st.pending, direction, self.settings, workers, target=goal,
+            limit=self.settings.max_walk,
+        )  # fmt: skip
+        reached = Composition.of([s.degree for s in st.layout.slots]) == goal and not st.pending
+        if reached or not path or path[-1].composition != goal:
+            if not st.pending:
+                self._goal = None
+                self.state = replace(st, target=None, plan=())
+            return ()
+        ops = planner.startable(
+            [s.op for s in path], st.layout, st.pending, self.capacity, self.settings
+        )
+        reason = st.history[-1] if st.history else ""
+        ops = tuple(replace(o, reason=reason) for o in ops)
+        self.state = replace(st, pending=st.pending + ops)
+        return ops
+
+
+def initial_composition(
+    requests: Sequence[Request],
+    block_size: int,
+    history_s: float | None,
+    lattice: Sequence[Composition],
+    capacity: planner.CapacityProfile,
+    model: PrefillModel,
+    settings: planner.PlannerSettings,
+    params: PlacementParams | None = None,
+) -> Composition:
+    """Where the pool starts, from the first ``history_s`` seconds of ``requests``
+    (all if None).
+
+    With ``settings.whatif``: the lattice point with the lowest estimated mean
+    TTFT on the history (:func:`vertumnus.core.whatif.best_of`, reuse as
+    :func:`history_requests` estimates it; on lattices of more than 64 points,
+    among the rules' pick and its neighbours). Otherwise the rules' pick
+    (:func:`vertumnus.core.planner.initial_composition`).
+    """
+    params = params or PlacementParams()
+    history = history_requests(requests, block_size, history_s)
+    ruled = planner.initial_composition(history, lattice, capacity, model, settings, params)
+    if not settings.whatif or not history:
+        return ruled
+    candidates = list(lattice)
+    if len(candidates) > 64:
+        candidates = [ruled, *planner.neighbours(ruled, settings.degrees, settings.domain_size)]
+    degrees = sorted({d for c in candidates for d in c.degrees})
+    rows = [
+        (h.arrival_s, h.length, h.cached_tokens, r.block_keys)
+        for h, r in zip(history, requests, strict=False)
+    ]
+    table = whatif.RequestTable(rows, block_size, model, degrees)
+    return whatif.best_of(table, candidates, params)[0]
 
 
 def history_requests(

@@ -98,6 +98,7 @@ __all__ = [
     "Layout",
     "Merge",
     "Op",
+    "PathStep",
     "PlannerSettings",
     "Slot",
     "Split",
@@ -110,6 +111,7 @@ __all__ = [
     "eligible_merges",
     "eligible_splits",
     "enumerate_lattice",
+    "free_path",
     "initial_composition",
     "initial_state",
     "large_share",
@@ -118,6 +120,7 @@ __all__ = [
     "neighbours",
     "plan_target",
     "pooled_share",
+    "startable",
     "step",
     "walk",
 ]
@@ -221,6 +224,31 @@ class PlannerSettings:
     history_quantile: float = 0.9
     """Initial composition: the window demand of the history this quantile
     must fit under ``upper`` times the composition's capacity."""
+    whatif: bool = True
+    """The what-if check (:mod:`vertumnus.core.whatif`; needs the shell to give
+    the controller the prefill model and the window's requests): before a move
+    the rules asked for, estimate with the cost model the mean TTFT the
+    window's requests would have had on the current composition and on the
+    move's target, the transition's drain and switch included, and make the
+    move only if it pays by ``whatif_margin``; and when the rules ask for
+    nothing but a composition along the split or merge path pays by the
+    margin for ``persist_windows`` windows in a row (one window if it pays by
+    ``whatif_decisive``), move there. The initial
+    composition is the lattice point with the lowest estimate on the
+    history. False: the rules alone (docs/benchmarks/adaptive.md)."""
+    whatif_margin: float = 0.03
+    """The estimated mean-TTFT gain (a fraction of the current composition's
+    estimate) a move must bring; its estimated P90 TTFT may not be worse than
+    the current one's by more than this fraction either."""
+    whatif_decisive: float = 0.1
+    """An estimated gain this large needs one window, not ``persist_windows``:
+    persistence guards against acting on noise, and a window whose requests
+    would have been served this much faster elsewhere is a change, not noise
+    (the first window after a phase change). Chosen on the calibration
+    workload (docs/benchmarks/adaptive.md, "Workloads it was not tuned on")."""
+    switch_s: float = 0.5
+    """Seconds a split or merge keeps its GPUs out of service after the drain
+    (the executor's switch), charged by the what-if check."""
 
     def __post_init__(self) -> None:
         if self.window_s <= 0:
@@ -250,6 +278,14 @@ class PlannerSettings:
             raise ValueError(f"degrees {self.degrees} must lie in 1..{self.domain_size}")
         if not 0 < self.history_quantile <= 1:
             raise ValueError("history_quantile must be in (0, 1]")
+        if not 0 <= self.whatif_margin < 1:
+            raise ValueError(f"whatif_margin must be in [0, 1), got {self.whatif_margin}")
+        if not self.whatif_margin <= self.whatif_decisive <= 1:
+            raise ValueError(
+                f"whatif_decisive must be in [whatif_margin, 1], got {self.whatif_decisive}"
+            )
+        if self.switch_s < 0:
+            raise ValueError(f"switch_s must be >= 0, got {self.switch_s}")
         object.__setattr__(self, "degrees", tuple(sorted(set(self.degrees))))
 
     @property
@@ -915,6 +951,68 @@ class _Walk:
         return op
 
 
+class _FreeWalk(_Walk):
+    """A :class:`_Walk` that takes the best-ranked operation of its direction whatever
+    the windows ask (the what-if check's paths, :func:`free_path`)."""
+
+    def _choose(
+        self, loads: Sequence[WindowObservation], capacity: CapacityProfile
+    ) -> _Cand | None:
+        live = [(b, c) for b, c in self.buckets.items() if c.alive]
+        pool = [c for b, c in live if b[0]] or [c for _, c in live]
+        if not pool:
+            return None
+        cut = min(c.shortest() for c in pool) + self.settings.drain_tie_s
+        found = [c for c in (r.best(cut) for r in pool) if c is not None]
+        return min(found, key=_rank_of) if found else None
+
+
+@dataclass(frozen=True, slots=True)
+class PathStep:
+    """One operation of a :func:`free_path` and where it leaves the pool."""
+
+    op: Op
+    drain_s: float
+    """The longest running prefill among its members (0 for workers still to be created)."""
+    made: tuple[int, ...]
+    """The degrees of the workers it creates."""
+    composition: Composition
+    """The composition after it."""
+
+
+def free_path(
+    layout: Layout,
+    pending: Sequence[Op],
+    direction: str,
+    settings: PlannerSettings,
+    workers: Sequence[WorkerObservation],
+    *,
+    target: Composition | None = None,
+    limit: int | None = None,
+) -> list[PathStep]:
+    """The operations of ``direction`` in the order the controller ranks them
+    (:func:`_candidate`), ignoring what the windows ask: the paths the what-if
+    check evaluates (:mod:`vertumnus.core.whatif`). Stops at ``target``, after
+    ``limit`` operations, or when no operation is left."""
+    w = _FreeWalk(layout, pending, direction, settings, workers)
+    goal = Counter(target.degrees) if target is not None else None
+    running = {o.worker: o.running_remaining_s for o in workers}
+    steps: list[PathStep] = []
+    for _ in range(w.gpus):
+        if (limit is not None and len(steps) >= limit) or (goal is not None and w.counts == goal):
+            break
+        chosen = w._choose((), CapacityProfile({}))
+        if chosen is None:
+            break
+        degree = w.by_id[chosen[3][0]].degree
+        op = w._take(chosen)
+        made = (degree // 2, degree // 2) if isinstance(op, Split) else (2 * degree,)
+        drain = max(running.get(m, 0.0) for m in chosen[3])
+        comp = Composition(tuple(d for d, n in w.counts.items() for _ in range(n)))
+        steps.append(PathStep(op, drain, made, comp))
+    return steps
+
+
 def plan_target(
     layout: Layout,
     loads: Sequence[WindowObservation],
@@ -966,6 +1064,19 @@ def _startable(
         chosen.append(op)
         out.update(ms)
     return tuple(chosen)
+
+
+def startable(
+    ops: Sequence[Op],
+    layout: Layout,
+    pending: Sequence[Op],
+    capacity: CapacityProfile,
+    settings: PlannerSettings,
+) -> tuple[Op, ...]:
+    """The leading operations of ``ops`` that may start now next to ``pending``: on
+    workers that exist and are free, at most ``max_concurrent_ops`` in flight (a
+    move the what-if check chose has its capacity cost estimated already)."""
+    return _startable(ops, layout, pending, (), capacity, settings)
 
 
 def step(

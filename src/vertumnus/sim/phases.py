@@ -52,7 +52,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from vertumnus.core.keys import mix64_array
+from vertumnus.core.keys import mix64_array, salt_of
 from vertumnus.core.types import Request
 from vertumnus.sim.traces import Trace
 
@@ -145,10 +145,16 @@ def parse_phases(spec: str) -> list[Phase]:
 
 
 def _salted(keys: tuple[int, ...], cycle: int) -> tuple[int, ...]:
-    """Keys of ``cycle`` >= 1: a bijection per cycle keeps equal keys equal, distinct distinct."""
+    """Keys of ``cycle`` >= 1: a bijection per cycle keeps equal keys equal, distinct distinct.
+
+    The salt is a hash of a name, not ``mix64(cycle)``: a chained key is
+    ``mix64(parent ^ mix64(block))``, so with that salt a key of cycle c
+    became the key of its own child wherever a block id equalled c (traces
+    number their blocks 0, 1, 2, ...) and one key stood at two positions.
+    """
     if not keys:
         return keys
-    salt = mix64_array(np.array([cycle], dtype=np.uint64))
+    salt = np.uint64(salt_of(f"vertumnus.sim.phases/cycle/{cycle}"))
     return tuple(mix64_array(np.array(keys, dtype=np.uint64) ^ salt).tolist())
 
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from vertumnus.core import planner, transition
 from vertumnus.core.blockcache import BlockCache, CacheDelta
-from vertumnus.core.control import Controller, history_requests
+from vertumnus.core.control import Controller, initial_composition
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.decision import RouteDecision
 from vertumnus.core.metrics import SloRule
@@ -257,7 +257,7 @@ class AdaptiveController:
 
     def _placed(self, request: Request, decision: RouteDecision, first: bool) -> None:
         if first:
-            self.controller.windows.placed(request, decision.estimate_s)
+            self.controller.windows.placed(request, decision.estimate_s, decision.cached_tokens)
 
     def _started(self, worker: int, request: Request, reused_blocks: int) -> None:
         self.controller.windows.reused(worker, reused_blocks)
@@ -286,6 +286,7 @@ class AdaptiveController:
                     "decision": None if not tick.ops else type(tick.ops[0]).__name__.lower(),
                     "operations": len(tick.ops),
                     "target": tick.target,
+                    "whatif": None if tick.whatif is None else tick.whatif.to_dict(),
                 }
             )
             self._start(tick.ops)
@@ -362,8 +363,16 @@ def build_adaptive(
         initial = opts.initial
     else:
         lattice = planner.enumerate_lattice(opts.gpus, ps.degrees, ps.domain_size)
-        history = history_requests(trace.requests, trace.block_size, opts.history_s)
-        initial = planner.initial_composition(history, lattice, capacity, model, ps, opts.placement)
+        initial = initial_composition(
+            trace.requests,
+            trace.block_size,
+            opts.history_s,
+            lattice,
+            capacity,
+            model,
+            ps,
+            opts.placement,
+        )
     pool = PoolConfig(
         composition=initial,
         model=model,
@@ -380,7 +389,9 @@ def build_adaptive(
     layout = planner.layout_for(initial, ps.domain_size)
     executor = Executor(sim, opts.executor, pool=transition.initial_pool(layout))
     horizon = trace.requests[-1].arrival_s if trace.requests else 0.0
-    controller = Controller(planner.initial_state(layout), capacity, ps)
+    controller = Controller(
+        planner.initial_state(layout), capacity, ps, model, opts.placement, trace.block_size
+    )
     sim.attachments["controller"] = AdaptiveController(sim, controller, executor, horizon)
     sim.attachments["executor"] = executor
     return sim

@@ -1,0 +1,360 @@
+/* Compiled what-if replay: whatif.replay_py of vertumnus/core/whatif.py.
+ *
+ * Why C: the what-if check replays a window's requests on every candidate
+ * composition. In CPython one request costs ~5 us (a heap look-up per degree,
+ * the holders of its prefix, the bookkeeping), so a 1,024-GPU pool's window
+ * (~10,000 requests) takes ~70 ms per candidate; the check's budget is 50 ms
+ * for all of them (issue 12, bench/planner_speed.py). Here it is well under
+ * a millisecond per thousand requests.
+ *
+ * Contract: the TTFTs are *identical* to replay_py's -- same operations in
+ * the same order, the same tie-breaks (the first minimum over the degrees'
+ * least-loaded workers, then over the prefix's holders least recent first;
+ * heaps ordered by (free time, worker)). tests/core/
+ * test_whatif.py checks both on random tables. setup.py compiles this file
+ * with -ffp-contract=off so that no fused multiply-add changes a bit.
+ *
+ * Pure: no I/O, no global state.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <string.h>
+
+typedef struct {
+    double t;
+    Py_ssize_t w;
+} Entry;
+
+typedef struct {
+    Entry *a;
+    Py_ssize_t n, cap;
+} Heap;
+
+static int
+less(const Entry *x, const Entry *y)
+{
+    return x->t < y->t || (x->t == y->t && x->w < y->w);
+}
+
+static int
+heap_push(Heap *h, double t, Py_ssize_t w)
+{
+    if (h->n == h->cap) {
+        Py_ssize_t cap = h->cap ? 2 * h->cap : 16;
+        Entry *a = PyMem_Realloc(h->a, (size_t)cap * sizeof(Entry));
+        if (a == NULL)
+            return -1;
+        h->a = a;
+        h->cap = cap;
+    }
+    Py_ssize_t i = h->n++;
+    Entry e = {t, w};
+    while (i > 0) {
+        Py_ssize_t p = (i - 1) / 2;
+        if (!less(&e, &h->a[p]))
+            break;
+        h->a[i] = h->a[p];
+        i = p;
+    }
+    h->a[i] = e;
+    return 0;
+}
+
+static void
+heap_pop(Heap *h)
+{
+    Entry last = h->a[--h->n];
+    Py_ssize_t i = 0;
+    for (;;) {
+        Py_ssize_t c = 2 * i + 1;
+        if (c >= h->n)
+            break;
+        if (c + 1 < h->n && less(&h->a[c + 1], &h->a[c]))
+            c++;
+        if (!less(&h->a[c], &last))
+            break;
+        h->a[i] = h->a[c];
+        i = c;
+    }
+    if (h->n > 0)
+        h->a[i] = last;
+}
+
+/* whatif.HOLDERS: the workers a prefix is kept at in the replay. */
+#define HOLDERS 8
+
+typedef struct {
+    Py_ssize_t w[HOLDERS];
+    Py_ssize_t n;
+} Holders;
+
+/* A read-only contiguous buffer of the given item size. */
+static int
+get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const char *name)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return -1;
+    if (view->itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s: expected items of %zd bytes", name, itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* replay(arrivals, hit, miss, reused, carry_ptr, carry_ids, n_prefixes, starts, lam_terms,
+ *        beta, extra, out) -> None; out (float64, n, writable) receives the TTFTs (nan: no
+ *        worker can hold the request).
+ * hit/miss: float64 (rows, n), one row per degree of the composition in ascending order;
+ * starts: per row a sequence of the start times of its workers (0.0 for those serving
+ * from the beginning), its length the row's worker count. */
+static PyObject *
+replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "replay takes 12 arguments");
+        return NULL;
+    }
+    Py_buffer arr = {0}, hit = {0}, miss = {0}, reused = {0}, cptr = {0}, cids = {0}, outb = {0};
+    PyObject *result = NULL;
+    Heap *heaps = NULL, pending = {NULL, 0, 0};
+    Holders *holders = NULL;
+    double *free_t = NULL, *last_start = NULL, *lam = NULL;
+    Py_ssize_t *row_of = NULL;
+    char *waiting = NULL;
+    Py_ssize_t rows = 0, n_workers = 0, n_prefixes = 0;
+
+    if (get_buffer(args[0], &arr, 8, "arrivals") < 0)
+        goto done;
+    if (get_buffer(args[1], &hit, 8, "hit") < 0 || get_buffer(args[2], &miss, 8, "miss") < 0)
+        goto done;
+    if (get_buffer(args[3], &reused, 8, "reused") < 0 || get_buffer(args[4], &cptr, 8, "carry_ptr") < 0 ||
+        get_buffer(args[5], &cids, 8, "carry_ids") < 0)
+        goto done;
+    if (PyObject_GetBuffer(args[11], &outb, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0)
+        goto done;
+    n_prefixes = PyLong_AsSsize_t(args[6]);
+    if (n_prefixes < 0 && PyErr_Occurred())
+        goto done;
+    PyObject *starts = PySequence_Fast(args[7], "starts must be a sequence");
+    if (starts == NULL)
+        goto done;
+    PyObject *lam_seq = PySequence_Fast(args[8], "lam_terms must be a sequence");
+    if (lam_seq == NULL) {
+        Py_DECREF(starts);
+        goto done;
+    }
+    double beta = PyFloat_AsDouble(args[9]);
+    double extra = PyFloat_AsDouble(args[10]);
+    rows = PySequence_Fast_GET_SIZE(starts);
+    Py_ssize_t n = arr.len / 8;
+    const double *a_t = arr.buf, *hit_t = hit.buf, *miss_t = miss.buf;
+    const long long *reused_t = reused.buf, *cptr_t = cptr.buf, *cids_t = cids.buf;
+    if (PyErr_Occurred() || rows < 1 || PySequence_Fast_GET_SIZE(lam_seq) != rows ||
+        hit.len != rows * n * 8 || miss.len != rows * n * 8 || reused.len != n * 8 ||
+        cptr.len != (n + 1) * 8 || outb.len != n * 8 || outb.itemsize != 8) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "replay: inconsistent table shapes");
+        Py_DECREF(starts);
+        Py_DECREF(lam_seq);
+        goto done;
+    }
+    heaps = PyMem_Calloc((size_t)rows, sizeof(Heap));
+    lam = PyMem_Calloc((size_t)rows, sizeof(double));
+    if (heaps == NULL || lam == NULL) {
+        PyErr_NoMemory();
+        Py_DECREF(starts);
+        Py_DECREF(lam_seq);
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < rows; k++) {
+        lam[k] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(lam_seq, k));
+        PyObject *row = PySequence_Fast(PySequence_Fast_GET_ITEM(starts, k), "starts rows must be sequences");
+        if (row == NULL || PyErr_Occurred()) {
+            Py_XDECREF(row);
+            Py_DECREF(starts);
+            Py_DECREF(lam_seq);
+            goto done;
+        }
+        n_workers += PySequence_Fast_GET_SIZE(row);
+        Py_DECREF(row);
+    }
+    free_t = PyMem_Calloc((size_t)n_workers + 1, sizeof(double));
+    last_start = PyMem_Calloc((size_t)n_workers + 1, sizeof(double));
+    row_of = PyMem_Calloc((size_t)n_workers + 1, sizeof(Py_ssize_t));
+    waiting = PyMem_Calloc((size_t)n_workers + 1, 1);
+    holders = PyMem_Calloc((size_t)n_prefixes + 1, sizeof(Holders));
+    if (free_t == NULL || last_start == NULL || row_of == NULL || waiting == NULL || holders == NULL) {
+        PyErr_NoMemory();
+        Py_DECREF(starts);
+        Py_DECREF(lam_seq);
+        goto done;
+    }
+    Py_ssize_t w = 0;
+    for (Py_ssize_t k = 0; k < rows; k++) {
+        PyObject *row = PySequence_Fast(PySequence_Fast_GET_ITEM(starts, k), "starts rows must be sequences");
+        Py_ssize_t m = PySequence_Fast_GET_SIZE(row);
+        for (Py_ssize_t j = 0; j < m; j++, w++) {
+            double f = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(row, j));
+            free_t[w] = f;
+            row_of[w] = k;
+            if (heap_push(&heaps[k], f, w) < 0) {
+                PyErr_NoMemory();
+                Py_DECREF(row);
+                Py_DECREF(starts);
+                Py_DECREF(lam_seq);
+                goto done;
+            }
+        }
+        Py_DECREF(row);
+    }
+    Py_DECREF(starts);
+    Py_DECREF(lam_seq);
+    if (PyErr_Occurred())
+        goto done;
+    for (Py_ssize_t k = 0; k < rows; k++) {
+        if (heaps[k].n == 0) {
+            PyErr_SetString(PyExc_ValueError, "replay: a degree without workers");
+            goto done;
+        }
+    }
+
+    double *out_t = outb.buf;
+    Py_ssize_t n_waiting = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double at = a_t[i];
+        while (pending.n > 0 && pending.a[0].t <= at) {
+            Entry e = pending.a[0];
+            heap_pop(&pending);
+            if (last_start[e.w] == e.t && waiting[e.w]) {
+                waiting[e.w] = 0;
+                n_waiting--;
+            }
+        }
+        double b = extra != 0.0 ? beta + extra * (double)n_waiting / (double)n_workers : beta;
+        long long pid = reused_t[i];
+        Holders *hold = (pid >= 0 && pid < n_prefixes) ? &holders[pid] : NULL;
+        Py_ssize_t best_w = -1;
+        double best_cost = INFINITY, best_start = 0.0, best_e = 0.0;
+        for (Py_ssize_t k = 0; k < rows; k++) {
+            Heap *h = &heaps[k];
+            while (h->a[0].t != free_t[h->a[0].w])
+                heap_pop(h);
+            double f = h->a[0].t;
+            Py_ssize_t top = h->a[0].w;
+            int held = 0;
+            if (hold != NULL)
+                for (Py_ssize_t j = 0; j < hold->n; j++)
+                    if (hold->w[j] == top) {
+                        held = 1;
+                        break;
+                    }
+            double e = held ? hit_t[k * n + i] : miss_t[k * n + i];
+            double start = f > at ? f : at;
+            double cost = (start - at) + (b + lam[k]) * e;
+            if (cost < best_cost) {
+                best_w = top;
+                best_cost = cost;
+                best_start = start;
+                best_e = e;
+            }
+        }
+        if (hold != NULL) {
+            for (Py_ssize_t j = 0; j < hold->n; j++) {
+                Py_ssize_t hw = hold->w[j];
+                Py_ssize_t k = row_of[hw];
+                double f = free_t[hw];
+                double e = hit_t[k * n + i];
+                double start = f > at ? f : at;
+                double cost = (start - at) + (b + lam[k]) * e;
+                if (cost < best_cost) {
+                    best_w = hw;
+                    best_cost = cost;
+                    best_start = start;
+                    best_e = e;
+                }
+            }
+        }
+        if (best_w < 0) {
+            out_t[i] = NAN;
+            continue;
+        }
+        double finish = best_start + best_e;
+        free_t[best_w] = finish;
+        if (heap_push(&heaps[row_of[best_w]], finish, best_w) < 0)
+            goto fail;
+        last_start[best_w] = best_start;
+        if (best_start > at) {
+            if (!waiting[best_w]) {
+                waiting[best_w] = 1;
+                n_waiting++;
+            }
+            if (heap_push(&pending, best_start, best_w) < 0)
+                goto fail;
+        }
+        for (long long c = cptr_t[i]; c < cptr_t[i + 1]; c++) {
+            long long p = cids_t[c];
+            if (p < 0 || p >= n_prefixes)
+                continue;
+            /* The last HOLDERS workers that served the prefix, least recent first. */
+            Holders *hp = &holders[p];
+            Py_ssize_t j = 0;
+            while (j < hp->n && hp->w[j] != best_w)
+                j++;
+            if (j < hp->n)
+                hp->n--; /* served again: it moves to the end */
+            else if (hp->n >= HOLDERS)
+                j = 0, hp->n--; /* the least recent holder has evicted it */
+            memmove(hp->w + j, hp->w + j + 1, (size_t)(hp->n - j) * sizeof(Py_ssize_t));
+            hp->w[hp->n++] = best_w;
+        }
+        out_t[i] = finish - at;
+    }
+    result = Py_NewRef(Py_None);
+    goto done;
+
+fail:
+    if (!PyErr_Occurred())
+        PyErr_NoMemory();
+
+done:
+    if (heaps != NULL) {
+        for (Py_ssize_t k = 0; k < rows; k++)
+            PyMem_Free(heaps[k].a);
+        PyMem_Free(heaps);
+    }
+    PyMem_Free(holders);
+    PyMem_Free(pending.a);
+    PyMem_Free(free_t);
+    PyMem_Free(last_start);
+    PyMem_Free(row_of);
+    PyMem_Free(waiting);
+    PyMem_Free(lam);
+    if (arr.obj) PyBuffer_Release(&arr);
+    if (hit.obj) PyBuffer_Release(&hit);
+    if (miss.obj) PyBuffer_Release(&miss);
+    if (reused.obj) PyBuffer_Release(&reused);
+    if (cptr.obj) PyBuffer_Release(&cptr);
+    if (cids.obj) PyBuffer_Release(&cids);
+    if (outb.obj) PyBuffer_Release(&outb);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL,
+     "replay(arrivals, hit, miss, reused, carry_ptr, carry_ids, n_prefixes, starts, lam_terms, "
+     "beta, extra, out)\n--\n\nwhatif.replay_py, compiled: the same TTFTs, in C, into out."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "vertumnus.core._whatif",
+    "Compiled what-if replay (see whatif.replay_py).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__whatif(void)
+{
+    return PyModule_Create(&moduledef);
+}

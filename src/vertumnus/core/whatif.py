@@ -1,0 +1,370 @@
+"""What-if estimates: the TTFT a composition would have given a window's requests (issue 12).
+
+The composition controller's rules (:mod:`vertumnus.core.planner`) read a
+window's demand and long share against the capacity profile κ; they never
+ask whether another composition would actually have served the window
+better. This module answers that question with the cost model, cheaply
+enough to ask it every window:
+
+- a :class:`RequestTable` holds the window's requests (arrival, uncached and
+  cached tokens) and their predicted prefill time Ê at every degree, computed
+  once (numpy) and shared by every candidate;
+- :func:`estimate` replays the table on a composition by **list
+  scheduling**: each request goes, in arrival order, to the worker that
+  minimises wait + (β_i + λ·(C/C_min − 1))·Ê — the placement cost of
+  design.md section 3, with its load-dependent β_i — and occupies it for Ê.
+  A request's cached prefix counts only at the workers that hold it: the
+  last :data:`HOLDERS` that served, earlier in the replay, a request
+  carrying that prefix (so the replay keeps cache affinity, and the
+  queueing it causes; the bound stands in for eviction). Per request it
+  looks at the least-loaded worker of each degree and at the holders of its
+  prefix: O(degrees · log workers + HOLDERS);
+- a transition is charged as lost capacity: the workers an operation creates
+  start free only after its drain and switch (:func:`transition_starts`).
+
+What it leaves out, on purpose (docs/benchmarks/adaptive.md, "Workloads
+it was not tuned on"): eviction, prefixes cached before the window, the cache manager's
+replication, and what happens after the window (a move must pay back
+within the window it is judged on, which makes the check conservative).
+Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from vertumnus.core.costmodel import PrefillModel
+from vertumnus.core.placement import PlacementParams
+from vertumnus.core.types import Composition
+
+__all__ = ["HOLDERS", "Estimate", "RequestTable", "best_of", "estimate", "transition_starts"]
+
+HOLDERS = 8
+"""The replay keeps a prefix at the last this-many workers that served it: an LRU
+cache forgets what it has not used lately, and a bounded list keeps a request's
+cost O(degrees · log workers + HOLDERS) however popular its prefix is."""
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """What one composition would have given the table's requests."""
+
+    composition: Composition
+    mean_s: float
+    """Mean TTFT (queueing + prefill; T_ext not included), seconds."""
+    p90_s: float
+    requests: int
+    transition_s: float = 0.0
+    """When the last worker created by the transition toward it starts serving (0: none)."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "composition": str(self.composition),
+            "mean_s": round(self.mean_s, 6),
+            "p90_s": round(self.p90_s, 6),
+            "transition_s": round(self.transition_s, 3),
+        }
+
+
+class RequestTable:
+    """A window's requests with Ê at every degree, ready for :func:`estimate`.
+
+    Each request is (arrival, length, cached tokens, block keys): the tokens
+    it reused (or would reuse) and its chained block keys
+    (:mod:`vertumnus.core.keys`), from which the table finds the prefix it
+    reused (the key of its last cached block) and which of the reused
+    prefixes it carries itself — by scanning every block, or, given
+    ``key_index`` (the shell's index of the requests' blocks, see
+    :class:`vertumnus.core.control.ControlWindows`), by looking up only the
+    reused keys. Rows are sorted by arrival (stable) and ``arrivals`` made
+    relative to the first one. Requests too long for a degree (the model's
+    memory limit) get Ê = inf there.
+    """
+
+    __slots__ = (
+        "arrivals", "carry_ids", "carry_ptr", "degrees", "hit", "miss", "n", "n_prefixes",
+        "reused", "_lists",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        requests: Sequence[tuple[float, int, int, Sequence[int]]],
+        block_size: int,
+        model: PrefillModel,
+        degrees: Sequence[int],
+        key_index: Sequence[tuple[int, Mapping[int, Sequence[int]]]] | None = None,
+    ) -> None:
+        rows = requests
+        n = self.n = len(rows)
+        columns = list(zip(*rows, strict=True)) if n else [(), (), (), ()]
+        arrivals = np.asarray(columns[0], dtype=np.float64)
+        total = np.asarray(columns[1], dtype=np.float64)
+        cached = np.asarray(columns[2], dtype=np.int64)
+        all_keys = columns[3]
+        n_keys = np.fromiter(map(len, all_keys), dtype=np.int64, count=n)
+        # The prefix each request reused: its last cached block's key, as a
+        # small integer id; every request carries the reused prefixes among
+        # its own blocks (chained keys: holding a key means holding the prefix).
+        blocks = np.minimum(-(-cached // block_size), n_keys)
+        ids: dict[int, int] = {}
+        reused = np.full(n, -1, dtype=np.int64)
+        hits = np.flatnonzero(blocks > 0)
+        for i, m in zip(hits.tolist(), blocks[hits].tolist(), strict=True):
+            reused[i] = ids.setdefault(all_keys[i][m - 1], len(ids))
+        # (row, prefix id) pairs: which request carries which reused prefix.
+        carrier: list[int] = []
+        carried: list[int] = []
+        if key_index is None:
+            known = ids.keys()
+            for j, r in enumerate(rows):
+                for k in known & r[3]:  # dict keys & tuple: the tests run in C
+                    carrier.append(j)
+                    carried.append(ids[k])
+        else:
+            # ``key_index`` parts: (offset, block key → positions in the part); only the
+            # reused keys are looked up, not every block of the window.
+            for key, pid in ids.items():
+                for offset, part in key_index:
+                    found = part.get(key)
+                    if found:
+                        carrier.extend(found if not offset else [offset + j for j in found])
+                        carried.extend([pid] * len(found))
+        rank = np.arange(n)
+        if n > 1 and bool(np.any(np.diff(arrivals) < 0)):
+            order = np.argsort(arrivals, kind="stable")
+            arrivals, total = arrivals[order], total[order]
+            cached, reused = cached[order], reused[order]
+            rank[order] = np.arange(n)  # old row -> new row
+        rows_of = rank[np.asarray(carrier, dtype=np.int64)]
+        by_row = np.argsort(rows_of, kind="stable")
+        self.carry_ids = np.asarray(carried, dtype=np.int64)[by_row]
+        self.carry_ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(rows_of, minlength=n), out=self.carry_ptr[1:])
+        self.arrivals = arrivals - arrivals[0] if n else arrivals
+        self.reused = reused
+        self.n_prefixes = len(ids)
+        reused_tokens = np.minimum(cached.astype(np.float64), total)
+        self.degrees = tuple(sorted(set(degrees)))
+        self.hit = np.empty((len(self.degrees), n))
+        self.miss = np.empty((len(self.degrees), n))
+        for row, d in enumerate(self.degrees):
+            for out, prefix in ((self.hit, reused_tokens), (self.miss, np.zeros_like(total))):
+                new = total - prefix
+                pairs = new * prefix + new * (new + 1.0) / 2.0
+                e = (
+                    model.d[d]
+                    + model.a[d] * new
+                    + model.b * prefix
+                    + (model.c * new + model.alpha * pairs) / d
+                )
+                e[total > model.max_tokens(d)] = math.inf
+                out[row] = e
+        self._lists: tuple[list[float], list[int], list[list[int]]] | None = None
+
+    def lists(self) -> tuple[list[float], list[int], list[list[int]]]:
+        """Arrivals, reused prefix ids and carried prefix ids as lists (the Python replay)."""
+        if self._lists is None:
+            ptr, ids = self.carry_ptr.tolist(), self.carry_ids.tolist()
+            carries = [ids[ptr[i] : ptr[i + 1]] for i in range(self.n)]
+            self._lists = (self.arrivals.tolist(), self.reused.tolist(), carries)
+        return self._lists
+
+
+def estimate(
+    table: RequestTable,
+    composition: Composition,
+    params: PlacementParams,
+    starts: Mapping[int, Sequence[float]] | None = None,
+) -> Estimate:
+    """Mean and P90 TTFT of ``table`` on ``composition`` by list scheduling (module docstring).
+
+    ``starts``: degree → the times (relative to the first arrival) at which
+    some of that degree's workers *start* serving — the workers a
+    transition creates; the others serve from the start. A request no
+    worker can hold counts with the largest finite TTFT seen (it would be
+    refused, not served).
+    """
+    counts: dict[int, int] = {}
+    for d in composition.degrees:
+        counts[d] = counts.get(d, 0) + 1
+    late = starts or {}
+    degs = sorted(counts)
+    for d in degs:
+        if d not in table.degrees:
+            raise ValueError(f"degree {d} is not in the request table (it has {table.degrees})")
+    index = [table.degrees.index(d) for d in degs]
+    worker_starts = []
+    for d in degs:
+        delayed = sorted(late.get(d, ()))[: counts[d]]
+        worker_starts.append([0.0] * (counts[d] - len(delayed)) + [float(t) for t in delayed])
+    lam_terms = [params.lam * (d / degs[0] - 1.0) for d in degs]
+    extra = params.beta_busy - params.beta
+    values = np.empty(table.n)
+    if table.n and HOT_PATH == "c":
+        replay(
+            table.arrivals, np.ascontiguousarray(table.hit[index]),
+            np.ascontiguousarray(table.miss[index]), table.reused, table.carry_ptr,
+            table.carry_ids, table.n_prefixes, worker_starts, lam_terms, params.beta, extra,
+            values,
+        )  # fmt: skip
+    elif table.n:
+        values[:] = replay_py(table, index, worker_starts, lam_terms, params.beta, extra)
+    if values.size and np.isnan(values).any():
+        finite = values[~np.isnan(values)]
+        values[np.isnan(values)] = finite.max() if finite.size else 0.0
+    last = max((max(v) for v in late.values() if v), default=0.0)
+    return Estimate(
+        composition,
+        float(values.mean()) if values.size else 0.0,
+        float(np.percentile(values, 90)) if values.size else 0.0,
+        table.n,
+        float(last),
+    )
+
+
+def replay_py(
+    table: RequestTable,
+    index: Sequence[int],
+    worker_starts: Sequence[Sequence[float]],
+    lam_terms: Sequence[float],
+    beta: float,
+    extra: float,
+) -> list[float]:
+    """The list-scheduling replay of :func:`estimate` (pure Python; ``_whatif.c`` is its
+    compiled twin, the same floats): per request its TTFT, nan if no worker can hold it.
+
+    ``index``: the table rows of the composition's degrees (ascending);
+    ``worker_starts``: per degree, when each of its workers starts serving;
+    ``lam_terms``: λ·(C/C_min − 1) per degree; β_i = ``beta`` + ``extra``·(share of
+    workers with a request waiting), as placement computes it.
+    """
+    arrivals, reused, carries = table.lists()
+    hits = [table.hit[k].tolist() for k in index]
+    misses = [table.miss[k].tolist() for k in index]
+    # Per degree a heap of (free time, worker), lazily updated: an entry is
+    # current while it equals free[worker].
+    free: list[float] = []
+    row_of: list[int] = []
+    heaps: list[list[tuple[float, int]]] = []
+    for k, frees in enumerate(worker_starts):
+        heap = []
+        for f in frees:
+            heap.append((f, len(free)))
+            free.append(f)
+            row_of.append(k)
+        heapq.heapify(heap)
+        heaps.append(heap)
+    n_workers = len(free)
+    # A worker has a request waiting while the last request given to it has
+    # not started; ``waiting`` holds those workers, ``pending`` when each
+    # stops waiting (stale entries are skipped).
+    last_start = [0.0] * n_workers
+    waiting: set[int] = set()
+    pending: list[tuple[float, int]] = []
+    holders: dict[int, dict[int, None]] = {}
+    """Reused prefix id → the (at most ``HOLDERS``) workers that served it last, least
+    recent first (a dict: ordered, as the compiled twin's arrays)."""
+    ttft: list[float] = []
+    rows = range(len(heaps))
+    for i, a in enumerate(arrivals):
+        while pending and pending[0][0] <= a:
+            s0, w0 = heapq.heappop(pending)
+            if last_start[w0] == s0:
+                waiting.discard(w0)
+        b = beta + extra * len(waiting) / n_workers if extra != 0.0 else beta
+        hold = holders.get(reused[i], {}) if reused[i] >= 0 else {}
+        best_w, best_cost, best_start, best_e = -1, math.inf, 0.0, 0.0
+        # The least-loaded worker of each degree (its cached prefix only if it
+        # holds it), then every holder of the prefix the request reuses.
+        for k in rows:
+            heap = heaps[k]
+            while heap[0][0] != free[heap[0][1]]:
+                heapq.heappop(heap)
+            f, w = heap[0]
+            e = hits[k][i] if w in hold else misses[k][i]
+            start = f if f > a else a
+            cost = (start - a) + (b + lam_terms[k]) * e
+            if cost < best_cost:
+                best_w, best_cost, best_start, best_e = w, cost, start, e
+        for w in hold:
+            k = row_of[w]
+            f = free[w]
+            e = hits[k][i]
+            start = f if f > a else a
+            cost = (start - a) + (b + lam_terms[k]) * e
+            if cost < best_cost:
+                best_w, best_cost, best_start, best_e = w, cost, start, e
+        if best_w < 0:
+            ttft.append(math.nan)
+            continue
+        finish = best_start + best_e
+        free[best_w] = finish
+        heapq.heappush(heaps[row_of[best_w]], (finish, best_w))
+        last_start[best_w] = best_start
+        if best_start > a:
+            waiting.add(best_w)
+            heapq.heappush(pending, (best_start, best_w))
+        for pid in carries[i]:
+            held = holders.get(pid)
+            if held is None:
+                holders[pid] = {best_w: None}
+                continue
+            if best_w in held:
+                del held[best_w]  # most recent last
+            elif len(held) >= HOLDERS:
+                del held[next(iter(held))]  # the least recent holder has evicted it
+            held[best_w] = None
+        ttft.append(finish - a)
+    return ttft
+
+
+def transition_starts(
+    steps: Sequence[tuple[float, Sequence[int]]], switch_s: float, concurrent: int
+) -> dict[int, list[float]]:
+    """When the workers a transition creates start serving.
+
+    ``steps``: per operation, in order, its drain time (the longest running
+    prefill of its members) and the degrees of the workers it creates.
+    Operations run ``concurrent`` at a time (the executor's limit), each
+    batch after the previous one has committed; an operation's workers start
+    after its batch's longest drain plus ``switch_s``.
+    """
+    out: dict[int, list[float]] = {}
+    t = 0.0
+    for b in range(0, len(steps), max(1, concurrent)):
+        batch = steps[b : b + max(1, concurrent)]
+        t += max(drain for drain, _ in batch) + switch_s
+        for _, made in batch:
+            for d in made:
+                out.setdefault(d, []).append(t)
+    return out
+
+
+def best_of(
+    table: RequestTable,
+    candidates: Sequence[Composition],
+    params: PlacementParams,
+) -> tuple[Composition, list[Estimate]]:
+    """The candidate with the lowest estimated mean TTFT on ``table`` (ties: the first),
+    and every estimate, in the candidates' order."""
+    if not candidates:
+        raise ValueError("no candidate compositions")
+    found = [estimate(table, c, params) for c in candidates]
+    best = min(range(len(found)), key=lambda i: (found[i].mean_s, i))
+    return candidates[best], found
+
+
+# The replay's hot path: the compiled twin of replay_py (_whatif.c, the same
+# floats) where the build produced it, else the Python function.
+HOT_PATH: str
+try:
+    from vertumnus.core._whatif import replay
+except ImportError:  # built without a C compiler
+    HOT_PATH = "python"
+else:
+    HOT_PATH = "c"

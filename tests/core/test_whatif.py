@@ -1,0 +1,346 @@
+"""The what-if estimate (core/whatif.py) and the controller's check built on it (core/control.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vertumnus.core import planner, whatif
+from vertumnus.core.control import Controller, initial_composition
+from vertumnus.core.costmodel import PrefillModel
+from vertumnus.core.placement import PlacementParams
+from vertumnus.core.types import Composition, Request
+from vertumnus.profiles import load_model
+
+BS = 512
+FIXED_BETA = PlacementParams(beta=1.0, lam=0.0, beta_busy=1.0)
+
+
+@pytest.fixture(scope="module")
+def model() -> PrefillModel:
+    return load_model()
+
+
+def table(model, rows, degrees=(4, 8)):
+    return whatif.RequestTable(rows, BS, model, degrees)
+
+
+def keys(*ids):
+    return tuple(ids)
+
+
+def test_an_idle_pool_serves_each_request_at_its_best_degree(model):
+    t = table(model, [(0.0, 60000, 0, keys(1)), (100.0, 2000, 0, keys(2))])
+    e = whatif.estimate(t, Composition.parse("1xCP4+1xCP8"), FIXED_BETA)
+    assert e.requests == 2
+    long_s = min(model.predict(d, 60000, 0) for d in (4, 8))
+    short_s = min(model.predict(d, 2000, 0) for d in (4, 8))
+    assert long_s == model.predict(8, 60000, 0)  # CP8 wins long, CP4 (less start-up) short
+    assert short_s == model.predict(4, 2000, 0)
+    assert e.mean_s == pytest.approx((long_s + short_s) / 2)
+
+
+def test_simultaneous_requests_queue_on_a_single_worker(model):
+    t = table(model, [(0.0, 8000, 0, keys(1)), (0.0, 8000, 0, keys(2))])
+    e1 = model.predict(8, 8000, 0)
+    one = whatif.estimate(t, Composition.parse("CP8"), FIXED_BETA)
+    assert one.mean_s == pytest.approx(1.5 * e1)  # the second waits for the first
+    two = whatif.estimate(t, Composition.parse("2xCP4"), FIXED_BETA)
+    assert two.mean_s == pytest.approx(model.predict(4, 8000, 0))  # in parallel
+
+
+def test_a_cached_prefix_counts_only_where_it_is_held(model):
+    # Request 2 reuses request 1's first 40 blocks (20K tokens); it arrives while
+    # request 1 still runs, so its choice is: wait for the holder (hit) or run
+    # now elsewhere (miss).
+    doc = tuple(range(1, 41))
+    rows = [(0.0, 20480, 0, doc), (0.1, 20992, 20480, (*doc, 99))]
+    t = table(model, rows, degrees=(8,))
+    e = whatif.estimate(t, Composition.parse("2xCP8"), FIXED_BETA)
+    first = model.predict(8, 20480, 0)
+    hit = model.predict(8, 512, 20480)
+    miss = model.predict(8, 20992, 0)
+    second = min(first - 0.1 + hit, miss)  # the cheaper of waiting for the hit and missing
+    assert e.mean_s == pytest.approx((first + second) / 2)
+    # With no holder (a table that says nothing was reused) both run at once.
+    cold = table(model, [(0.0, 20480, 0, doc), (0.1, 20992, 0, (*doc, 99))], degrees=(8,))
+    assert whatif.estimate(cold, Composition.parse("2xCP8"), FIXED_BETA).mean_s == pytest.approx(
+        (first + miss) / 2
+    )
+
+
+def test_workers_a_transition_creates_serve_only_from_their_start(model):
+    t = table(model, [(0.0, 4000, 0, keys(1)), (0.0, 4000, 0, keys(2))])
+    starts = whatif.transition_starts([(1.0, (4, 4))], switch_s=0.5, concurrent=4)
+    assert starts == {4: [1.5, 1.5]}
+    late = whatif.estimate(t, Composition.parse("2xCP4"), FIXED_BETA, starts)
+    e4 = model.predict(4, 4000, 0)
+    assert late.mean_s == pytest.approx(1.5 + e4)
+    assert late.transition_s == 1.5
+
+
+def test_transition_batches_follow_the_concurrency_limit():
+    steps = [(1.0, (4, 4)), (0.2, (4, 4)), (3.0, (8,))]
+    assert whatif.transition_starts(steps, switch_s=0.5, concurrent=2) == {
+        4: [1.5, 1.5, 1.5, 1.5],
+        8: [1.5 + 3.5],
+    }
+
+
+def test_a_request_no_worker_can_hold_is_not_dropped_from_the_mean(model):
+    too_long = model.max_tokens(4) + 1
+    t = table(model, [(0.0, 1000, 0, keys(1)), (1.0, too_long, 0, keys(2))], degrees=(4,))
+    e = whatif.estimate(t, Composition.parse("CP4"), FIXED_BETA)
+    assert e.requests == 2 and e.mean_s == pytest.approx(model.predict(4, 1000, 0))
+
+
+def test_best_of_picks_the_lowest_mean(model):
+    burst = [(0.0, 3000, 0, keys(i)) for i in range(8)]
+    best, found = whatif.best_of(
+        table(model, burst), [Composition.parse("CP8"), Composition.parse("2xCP4")], FIXED_BETA
+    )
+    assert best == Composition.parse("2xCP4") and found[1].mean_s < found[0].mean_s
+
+
+# -- the controller's check -------------------------------------------------------
+
+
+def settings(**kw):
+    base = dict(window_s=20.0, persist_windows=1, domain_size=8, degrees=(4, 8))
+    return planner.PlannerSettings(**{**base, **kw})
+
+
+def feed(ctl: Controller, requests):
+    for i, (t, length) in enumerate(requests):
+        ctl.windows.placed(Request(i, t, length, (i + 1,)), 1.0, 0)
+
+
+def test_a_split_the_rules_ask_for_is_vetoed_when_it_does_not_pay(model):
+    # κ tiny: every window is "overloaded" and the rules ask to split the CP8.
+    # The requests are long and sparse: on two CP4s each one just runs slower.
+    tiny = planner.CapacityProfile({4: 0.001, 8: 0.002})
+    layout = planner.layout_for(Composition.parse("CP8"), 8)
+    ctl = Controller(planner.initial_state(layout), tiny, settings(min_requests=4), model)
+    feed(ctl, [(t, 60000) for t in (0.0, 5.0, 10.0, 15.0)])
+    tick = ctl.tick({0: 0.0}, reconfiguring=False)
+    assert tick is not None and tick.ops == ()
+    assert tick.whatif is not None and tick.whatif.verdict == "veto"
+    assert tick.whatif.proposed is not None
+    assert tick.whatif.proposed.mean_s > tick.whatif.current.mean_s
+    # Without the check the rules split.
+    rules = Controller(
+        planner.initial_state(layout), tiny, settings(min_requests=4, whatif=False), model
+    )
+    feed(rules, [(t, 60000) for t in (0.0, 5.0, 10.0, 15.0)])
+    tick = rules.tick({0: 0.0}, reconfiguring=False)
+    assert tick is not None and tick.whatif is None
+    assert [type(op) for op in tick.ops] == [planner.Split]
+
+
+def test_the_check_moves_on_its_own_after_persist_windows(model):
+    # κ huge: utilization is low and the rules ask for a merge of nothing (one
+    # CP8) — they ask for nothing. Bursts of short requests: two CP4s halve the wait.
+    huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
+    layout = planner.layout_for(Composition.parse("CP8"), 8)
+    ctl = Controller(
+        planner.initial_state(layout),
+        huge,
+        settings(persist_windows=2, min_requests=4, whatif_decisive=1.0),
+        model,
+    )
+    # A small request opens the window; the burst comes after the switch would be done.
+    burst = [(0.0, 100)] + [(2.0, 6000)] * 6
+    feed(ctl, burst)
+    first = ctl.tick({0: 0.0}, reconfiguring=False)
+    assert first is not None and first.ops == () and first.whatif.verdict == "wait"
+    feed(ctl, [(20.0 + t, n) for t, n in burst])
+    second = ctl.tick({0: 0.0}, reconfiguring=False)
+    assert second is not None and second.whatif.verdict == "trigger"
+    assert second.ops == (planner.Split(0, reason=second.ops[0].reason),)
+    assert second.ops[0].reason.startswith("what-if: 2xCP4")
+    assert second.target == "2xCP4"
+    # The commit ends the move: the target is reached.
+    assert ctl.committed(second.ops[0], [1, 2], [0], {1: 0.0, 2: 0.0}) == ()
+    assert ctl.state.target is None and ctl.state.pending == ()
+
+
+def test_a_decisive_gain_moves_after_one_window(model):
+    huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
+    layout = planner.layout_for(Composition.parse("CP8"), 8)
+    ctl = Controller(
+        planner.initial_state(layout), huge, settings(persist_windows=2, min_requests=4), model
+    )
+    feed(ctl, [(0.0, 100)] + [(2.0, 6000)] * 6)
+    tick = ctl.tick({0: 0.0}, reconfiguring=False)
+    assert tick is not None and tick.whatif.verdict == "trigger" and tick.target == "2xCP4"
+    best = tick.whatif.best
+    assert best is not None and best.mean_s <= 0.9 * tick.whatif.current.mean_s
+
+
+def test_a_rules_move_that_stops_short_is_extended(model):
+    # The rules (κ tiny: "overloaded") split one CP8 of 2xCP8 per window with
+    # one-step planning; the burst pays most on 4xCP4: the check goes all the way.
+    tiny = planner.CapacityProfile({4: 0.001, 8: 0.002})
+    ps = settings(min_requests=4, multi_step=False, whatif_decisive=1.0, domain_size=16)
+    layout = planner.layout_for(Composition.parse("2xCP8"), 16)
+    ctl = Controller(planner.initial_state(layout), tiny, ps, model)
+    feed(ctl, [(0.0, 100)] + [(3.0, 6000)] * 16)
+    tick = ctl.tick({0: 0.0, 1: 0.0}, reconfiguring=False)
+    assert tick is not None and tick.whatif.verdict == "extend"
+    assert tick.whatif.proposed is not None
+    assert str(tick.whatif.proposed.composition) == "2xCP4+1xCP8"  # the rules' one step
+    assert tick.target == "4xCP4"
+    # One split at a time: both at once would leave no worker serving.
+    assert [type(op) for op in tick.ops] == [planner.Split]
+    more = ctl.committed(tick.ops[0], [2, 3], [tick.ops[0].worker], {1: 0.0, 2: 0.0, 3: 0.0})
+    assert more == (planner.Split(1, reason=tick.ops[0].reason),)
+
+
+def test_a_multi_step_move_hands_out_the_rest_on_commit(model):
+    huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
+    layout = planner.layout_for(Composition.parse("2xCP8"), 8)
+    ctl = Controller(
+        planner.initial_state(layout),
+        huge,
+        settings(persist_windows=1, min_requests=4, max_concurrent_ops=1),
+        model,
+    )
+    feed(ctl, [(0.0, 100)] + [(5.0, 6000)] * 12)
+    tick = ctl.tick({0: 0.0, 1: 0.0}, reconfiguring=False)
+    assert tick is not None and tick.whatif.verdict == "trigger" and tick.target == "4xCP4"
+    assert len(tick.ops) == 1  # one at a time
+    more = ctl.committed(tick.ops[0], [2, 3], [tick.ops[0].worker], {1: 0.0, 2: 0.0, 3: 0.0})
+    assert [type(op) for op in more] == [planner.Split]
+    assert ctl.committed(more[0], [4, 5], [more[0].worker], {2: 0.0, 3: 0.0, 4: 0.0, 5: 0.0}) == ()
+    assert sorted(s.degree for s in ctl.state.layout.slots) == [4, 4, 4, 4]
+
+
+def test_no_check_without_a_model_or_while_reconfiguring(model):
+    huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
+    layout = planner.layout_for(Composition.parse("CP8"), 8)
+    blind = Controller(planner.initial_state(layout), huge, settings(min_requests=1))
+    feed(blind, [(0.0, 6000)] * 6)
+    assert blind.tick({0: 0.0}, reconfiguring=False).whatif is None
+    busy = Controller(planner.initial_state(layout), huge, settings(min_requests=1), model)
+    feed(busy, [(0.0, 6000)] * 6)
+    assert busy.tick({0: 0.0}, reconfiguring=True).whatif is None
+
+
+def test_initial_composition_is_the_lowest_estimate_on_the_history(model):
+    lattice = planner.enumerate_lattice(16, (4, 8))
+    # A steady stream of short requests: the estimate prefers more, smaller workers.
+    reqs = [Request(i, 0.05 * i, 3000, (i + 1,)) for i in range(400)]
+    cap = planner.CapacityProfile({4: 0.458, 8: 0.631})
+    got = initial_composition(reqs, BS, None, lattice, cap, model, settings())
+    t = whatif.RequestTable(
+        [(r.arrival_s, r.length, 0, r.block_keys) for r in reqs], BS, model, (4, 8)
+    )
+    assert got == whatif.best_of(t, lattice, PlacementParams())[0]
+    ruled = initial_composition(reqs, BS, None, lattice, cap, model, settings(whatif=False))
+    hist = [planner.HistoryRequest(r.arrival_s, r.length) for r in reqs]
+    assert ruled == planner.initial_composition(hist, lattice, cap, model, settings())
+
+
+def test_settings_reject_a_bad_margin():
+    with pytest.raises(ValueError, match="whatif_margin"):
+        planner.PlannerSettings(whatif_margin=1.5)
+    with pytest.raises(ValueError, match="switch_s"):
+        planner.PlannerSettings(switch_s=-1)
+
+
+def random_table(model, seed: int, n: int = 600):
+    import random
+
+    rng = random.Random(seed)
+    rows, t = [], 0.0
+    for i in range(n):
+        t += rng.expovariate(40.0) if rng.random() > 0.1 else 0.0  # some ties in arrival
+        length = int(rng.lognormvariate(8.5, 1.0)) + 50
+        nb = -(-length // BS)
+        shared = rng.randrange(min(nb, 6))  # a few popular prefixes of up to 5 blocks
+        doc = rng.randrange(12)
+        keys = tuple(doc * 100 + j for j in range(shared)) + tuple(
+            10**6 + i * 1000 + j for j in range(nb - shared)
+        )
+        cached = min(length - 1, shared * BS)
+        rows.append((t, length, cached, keys))
+    return table(model, rows, degrees=(2, 4, 8))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_compiled_replay_gives_the_python_floats(model, seed):
+    if whatif.HOT_PATH != "c":
+        pytest.skip("built without a C compiler: only the Python replay exists")
+    t = random_table(model, seed)
+    params = PlacementParams()  # load-dependent β: the waiting count matters
+    for comp, starts in (
+        (Composition.parse("2xCP2+1xCP4+1xCP8"), None),
+        (Composition.parse("4xCP4"), {4: [0.7, 0.7]}),
+        (Composition.parse("1xCP8"), None),
+    ):
+        counts = {d: comp.degrees.count(d) for d in set(comp.degrees)}
+        degs = sorted(counts)
+        index = [t.degrees.index(d) for d in degs]
+        late = starts or {}
+        ws = [[0.0] * (counts[d] - len(late.get(d, []))) + sorted(late.get(d, [])) for d in degs]
+        lam = [params.lam * (d / degs[0] - 1.0) for d in degs]
+        extra = params.beta_busy - params.beta
+        py = whatif.replay_py(t, index, ws, lam, params.beta, extra)
+        c = np.empty(t.n)
+        whatif.replay(
+            t.arrivals,
+            t.hit[index].copy(),
+            t.miss[index].copy(),
+            t.reused,
+            t.carry_ptr,
+            t.carry_ids,
+            t.n_prefixes,
+            ws,
+            lam,
+            params.beta,
+            extra,
+            c,
+        )
+        assert c.tolist() == py  # bit for bit
+        assert any(h > 0 for h in t.reused)  # the table exercises the holders
+
+
+def test_the_compiled_replay_refuses_inconsistent_shapes(model):
+    if whatif.HOT_PATH != "c":
+        pytest.skip("built without a C compiler")
+    t = random_table(model, 0, n=20)
+    with pytest.raises(ValueError, match="inconsistent table shapes"):
+        whatif.replay(
+            t.arrivals, t.hit[:1], t.miss, t.reused, t.carry_ptr, t.carry_ids,
+            t.n_prefixes, [[0.0], [0.0]], [0.0, 0.0], 1.0, 0.0, np.empty(t.n),
+        )  # fmt: skip
+
+
+def test_the_windows_key_index_gives_the_table_a_full_scan_gives(model):
+    from vertumnus.core.control import ControlWindows
+
+    w = ControlWindows(planner.PlannerSettings(window_s=30.0, hop_s=10.0))
+    import random
+
+    rows = []
+    rng = random.Random(5)
+    for hop in range(3):
+        for i in range(30):
+            n_blocks = rng.randrange(1, 8)
+            shared = rng.randrange(n_blocks)
+            keys = tuple(range(shared)) + tuple(
+                10**6 + 100 * (30 * hop + i) + j for j in range(n_blocks - shared)
+            )
+            req = Request(30 * hop + i, 10.0 * hop + 0.3 * i, n_blocks * BS, keys)
+            w.placed(req, 1.0, shared * BS)
+            rows.append((req.arrival_s, req.length, shared * BS, keys))
+        if hop < 2:
+            w.close_hop()
+    got, index = w.requests()
+    assert got == rows and len(index) == 3
+    indexed = whatif.RequestTable(got, BS, model, (4, 8), index)
+    scanned = whatif.RequestTable(got, BS, model, (4, 8))
+    assert indexed.reused.tolist() == scanned.reused.tolist()
+    by_row = lambda tab: [sorted(c) for c in tab.lists()[2]]  # noqa: E731
+    assert by_row(indexed) == by_row(scanned)
+    assert any(by_row(indexed))
