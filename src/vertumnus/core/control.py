@@ -27,9 +27,12 @@ planner's time if it wants to), no I/O.
 from __future__ import annotations
 
 import math
+from array import array
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from vertumnus.core import planner, whatif
 from vertumnus.core.costmodel import PrefillModel
@@ -63,10 +66,46 @@ class Tick:
     """The what-if check of this window (None: not made)."""
 
 
+class _SeenHop:
+    """One hop's requests for the what-if check: as rows, column by column (arrays
+    appended per placement, so that the check's table is array work), and the key
+    index (block key → positions of the hop's requests that carry it), so that the
+    check looks up the reused prefixes instead of scanning every block of the window."""
+
+    __slots__ = ("arrivals", "cached", "keys", "lengths", "reused_keys", "reuses", "rows")
+
+    def __init__(self) -> None:
+        self.rows: list[WindowRequest] = []
+        self.keys: dict[int, list[int]] = {}
+        self.arrivals = array("d")
+        self.lengths = array("q")
+        self.cached = array("q")
+        self.reused_keys = array("Q")
+        self.reuses = array("b")
+
+    def add(self, request: Request, cached_tokens: int, block_size: int) -> None:
+        keys = request.block_keys
+        index = self.keys
+        pos = len(self.rows)
+        for k in keys:
+            found = index.get(k)
+            if found is None:
+                index[k] = [pos]
+            else:
+                found.append(pos)
+        self.rows.append((request.arrival_s, request.length, cached_tokens, keys))
+        self.arrivals.append(request.arrival_s)
+        self.lengths.append(request.length)
+        self.cached.append(cached_tokens)
+        m = min(-(-cached_tokens // block_size), len(keys)) if cached_tokens > 0 else 0
+        self.reused_keys.append(keys[m - 1] if m else 0)
+        self.reuses.append(1 if m else 0)
+
+
 class ControlWindows:
     """Per-hop demand buckets and per-worker reuse weights (see the module docstring)."""
 
-    def __init__(self, settings: planner.PlannerSettings) -> None:
+    def __init__(self, settings: planner.PlannerSettings, block_size: int = 512) -> None:
         self.settings = settings
         self._demand = 0.0
         self._requests = 0
@@ -75,15 +114,10 @@ class ControlWindows:
         self._buckets: deque[tuple[float, int, int, float]] = deque(maxlen=settings.hops_per_window)
         """The last H/h hops' (demand, requests, long requests, long demand), newest last."""
         self._reuse: dict[int, float] = {}
-        self._seen: list[WindowRequest] = []
-        self._seen_keys: dict[int, list[int]] = {}
-        self._seen_buckets: deque[tuple[list[WindowRequest], dict[int, list[int]]]] = deque(
-            maxlen=settings.hops_per_window
-        )
-        """The open hop's and the last hops' requests, each hop with its key index (block
-        key → positions of the hop's requests that carry it), for the what-if check: the
-        index is built here, a few dict operations per placement, so that the check
-        does not scan every block of the window (:class:`vertumnus.core.whatif.RequestTable`)."""
+        self.block_size = block_size
+        self._seen = _SeenHop()
+        self._seen_hops: deque[_SeenHop] = deque(maxlen=settings.hops_per_window)
+        """The open hop's and the last hops' requests, for the what-if check."""
 
     def placed(self, request: Request, estimate_s: float, cached_tokens: int = 0) -> None:
         """A request's first placement: its Ê counts in the open hop (``cached_tokens``:
@@ -97,28 +131,40 @@ class ControlWindows:
 
     def seen(self, request: Request, cached_tokens: int) -> None:
         """A request for the what-if check only (its demand counted by :meth:`add`)."""
-        index = self._seen_keys
-        pos = len(self._seen)
-        for k in request.block_keys:
-            found = index.get(k)
-            if found is None:
-                index[k] = [pos]
-            else:
-                found.append(pos)
-        self._seen.append((request.arrival_s, request.length, cached_tokens, request.block_keys))
+        self._seen.add(request, cached_tokens, self.block_size)
+
+    def _parts(self) -> list[_SeenHop]:
+        hops = self.settings.hops_per_window
+        parts = list(self._seen_hops)[-(hops - 1) :] if hops > 1 else []
+        return [*parts, self._seen]
 
     def requests(self) -> tuple[list[WindowRequest], list[tuple[int, Mapping[int, list[int]]]]]:
         """The window's requests in placement order, and their key index in parts:
         (offset of the part's first request, block key → positions in the part)."""
-        hops = self.settings.hops_per_window
-        parts = list(self._seen_buckets)[-(hops - 1) :] if hops > 1 else []
-        parts.append((self._seen, self._seen_keys))
         out: list[WindowRequest] = []
         index: list[tuple[int, Mapping[int, list[int]]]] = []
-        for reqs, keys in parts:
-            index.append((len(out), keys))
-            out.extend(reqs)
+        for part in self._parts():
+            index.append((len(out), part.keys))
+            out.extend(part.rows)
         return out, index
+
+    def columns(self) -> whatif.Columns:
+        """The window's requests column by column, for :meth:`RequestTable.of_columns
+        <vertumnus.core.whatif.RequestTable.of_columns>`."""
+        parts = self._parts()
+        offsets = np.cumsum([0] + [len(p.rows) for p in parts[:-1]]).tolist()
+
+        def cat(name: str, dtype: type) -> np.ndarray:
+            return np.concatenate([np.frombuffer(getattr(p, name), dtype=dtype) for p in parts])
+
+        return whatif.Columns(
+            arrivals=cat("arrivals", np.float64),
+            lengths=cat("lengths", np.int64),
+            cached=cat("cached", np.int64),
+            reused_keys=cat("reused_keys", np.uint64),
+            reuses=cat("reuses", np.int8).astype(bool),
+            key_index=[(o, p.keys) for o, p in zip(offsets, parts, strict=True)],
+        )
 
     def add(self, demand_s: float, requests: int, long_requests: int, long_demand_s: float) -> None:
         """Demand counted elsewhere (a router replica's report for the open hop)."""
@@ -177,8 +223,8 @@ class ControlWindows:
         (halving per window)."""
         self._buckets.append((self._demand, self._requests, self._long, self._long_demand))
         self._demand, self._requests, self._long, self._long_demand = 0.0, 0, 0, 0.0
-        self._seen_buckets.append((self._seen, self._seen_keys))
-        self._seen, self._seen_keys = [], {}
+        self._seen_hops.append(self._seen)
+        self._seen = _SeenHop()
         decay = 0.5 ** (self.settings.hop / self.settings.window_s)
         for w in self._reuse:
             self._reuse[w] *= decay
@@ -238,7 +284,7 @@ class Controller:
         self.block_size = block_size
         self.capacity = capacity
         self.settings = settings
-        self.windows = ControlWindows(settings)
+        self.windows = ControlWindows(settings, block_size)
         self.model = model
         self.params = params or PlacementParams()
         self._streak: tuple[str, int] = ("", 0)
@@ -273,9 +319,9 @@ class Controller:
             and not before.pending
             and self._goal is None
         ):
-            requests, index = self.windows.requests()
-            if len(requests) >= self.settings.min_requests:
-                check, ops = self._check(before, obs, ops, requests, index)
+            columns = self.windows.columns()
+            if len(columns.arrivals) >= self.settings.min_requests:
+                check, ops = self._check(before, obs, ops, columns)
         k_cap = self.capacity.capacity_per_s(s.degree for s in self.state.layout.slots)
         tick = Tick(
             obs,
@@ -304,12 +350,13 @@ class Controller:
         if target is not None:
             ks = [len(path)] if path and path[-1].composition == target else []
         else:
-            # Steps 1, 2, 4, then 16, 64, ... and the end of the path: the few
-            # neighbours that matter on a small pool, and a few replays per
-            # direction however long the path (a large pool, where one operation
-            # moves little).
+            # The neighbours that matter on a small pool (steps 1, 2, 4 and the end
+            # of a path of at most 5); on a longer one (a large pool, where one
+            # operation moves little) steps 1, 4, 16, 64 and the end: a few
+            # replays per direction however long the path.
             n = len(path)
-            ks = sorted({k for k in (1, 2, 4, 16, 64) if k < n} | {n}) if n else []
+            probes = (1, 2, 4) if n <= 5 else (1, 4, 16, 64)
+            ks = sorted({k for k in probes if k < n} | {n}) if n else []
         out = []
         for k in ks:
             steps = path[:k]
@@ -324,8 +371,7 @@ class Controller:
         before: planner.ControllerState,
         obs: planner.WindowObservation,
         ops: tuple[planner.Op, ...],
-        requests: Sequence[WindowRequest],
-        index: Sequence[tuple[int, Mapping[int, Sequence[int]]]],
+        columns: whatif.Columns,
     ) -> tuple[WhatIf, tuple[planner.Op, ...]]:
         """The what-if check of this window: the rules' ``ops`` kept or vetoed, or the
         check's own move (module docstring of :mod:`vertumnus.core.whatif`)."""
@@ -333,7 +379,7 @@ class Controller:
         ps = self.settings
         layout = before.layout
         degrees = sorted(set(ps.degrees) | {s.degree for s in layout.slots})
-        table = whatif.RequestTable(requests, self.block_size, self.model, degrees, index)
+        table = whatif.RequestTable.of_columns(columns, self.model, degrees)
         current = whatif.estimate(
             table, Composition.of([s.degree for s in layout.slots]), self.params
         )

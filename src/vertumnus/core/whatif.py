@@ -42,7 +42,15 @@ from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.placement import PlacementParams
 from vertumnus.core.types import Composition
 
-__all__ = ["HOLDERS", "Estimate", "RequestTable", "best_of", "estimate", "transition_starts"]
+__all__ = [
+    "HOLDERS",
+    "Columns",
+    "Estimate",
+    "RequestTable",
+    "best_of",
+    "estimate",
+    "transition_starts",
+]
 
 HOLDERS = 8
 """The replay keeps a prefix at the last this-many workers that served it: an LRU
@@ -69,6 +77,40 @@ class Estimate:
             "p90_s": round(self.p90_s, 6),
             "transition_s": round(self.transition_s, 3),
         }
+
+
+@dataclass(frozen=True)
+class Columns:
+    """A window's requests column by column, as :class:`vertumnus.core.control.ControlWindows`
+    keeps them (appended at each placement, so that building the table at the
+    window's end is array work, not a Python pass over every request)."""
+
+    arrivals: np.ndarray
+    lengths: np.ndarray
+    cached: np.ndarray
+    """Prefix tokens each request reused."""
+    reused_keys: np.ndarray
+    """uint64: the key of each request's last cached block (where ``reuses``)."""
+    reuses: np.ndarray
+    """bool: the request reused a whole block."""
+    key_index: Sequence[tuple[int, Mapping[int, Sequence[int]]]]
+    """Parts (offset of the part's first request, block key → positions in the part)."""
+
+
+def _carriers(
+    ids: Mapping[int, int], key_index: Sequence[tuple[int, Mapping[int, Sequence[int]]]]
+) -> tuple[list[int], list[int]]:
+    """(rows, prefix ids) of the requests carrying each reused key, from the shell's key
+    index: only the reused keys are looked up, not every block of the window."""
+    carrier: list[int] = []
+    carried: list[int] = []
+    for key, pid in ids.items():
+        for offset, part in key_index:
+            found = part.get(key)
+            if found:
+                carrier.extend(found if not offset else [offset + j for j in found])
+                carried.extend([pid] * len(found))
+    return carrier, carried
 
 
 class RequestTable:
@@ -100,12 +142,10 @@ class RequestTable:
         key_index: Sequence[tuple[int, Mapping[int, Sequence[int]]]] | None = None,
     ) -> None:
         rows = requests
-        n = self.n = len(rows)
+        n = len(rows)
         columns = list(zip(*rows, strict=True)) if n else [(), (), (), ()]
-        arrivals = np.asarray(columns[0], dtype=np.float64)
-        total = np.asarray(columns[1], dtype=np.float64)
-        cached = np.asarray(columns[2], dtype=np.int64)
         all_keys = columns[3]
+        cached = np.asarray(columns[2], dtype=np.int64)
         n_keys = np.fromiter(map(len, all_keys), dtype=np.int64, count=n)
         # The prefix each request reused: its last cached block's key, as a
         # small integer id; every request carries the reused prefixes among
@@ -116,24 +156,70 @@ class RequestTable:
         hits = np.flatnonzero(blocks > 0)
         for i, m in zip(hits.tolist(), blocks[hits].tolist(), strict=True):
             reused[i] = ids.setdefault(all_keys[i][m - 1], len(ids))
-        # (row, prefix id) pairs: which request carries which reused prefix.
-        carrier: list[int] = []
-        carried: list[int] = []
         if key_index is None:
+            carrier: list[int] = []
+            carried: list[int] = []
             known = ids.keys()
             for j, r in enumerate(rows):
                 for k in known & r[3]:  # dict keys & tuple: the tests run in C
                     carrier.append(j)
                     carried.append(ids[k])
         else:
-            # ``key_index`` parts: (offset, block key → positions in the part); only the
-            # reused keys are looked up, not every block of the window.
-            for key, pid in ids.items():
-                for offset, part in key_index:
-                    found = part.get(key)
-                    if found:
-                        carrier.extend(found if not offset else [offset + j for j in found])
-                        carried.extend([pid] * len(found))
+            carrier, carried = _carriers(ids, key_index)
+        self._build(
+            np.asarray(columns[0], dtype=np.float64),
+            np.asarray(columns[1], dtype=np.float64),
+            cached,
+            reused,
+            len(ids),
+            carrier,
+            carried,
+            model,
+            degrees,
+        )
+
+    @classmethod
+    def of_columns(
+        cls, columns: Columns, model: PrefillModel, degrees: Sequence[int]
+    ) -> RequestTable:
+        """The table of a window the shell kept column by column (:class:`Columns`):
+        the same table as from its rows, without a pass over them in Python."""
+        table = cls.__new__(cls)
+        n = len(columns.arrivals)
+        uniq, inverse = np.unique(columns.reused_keys[columns.reuses], return_inverse=True)
+        reused = np.full(n, -1, dtype=np.int64)
+        reused[columns.reuses] = inverse
+        ids = {k: i for i, k in enumerate(uniq.tolist())}
+        carrier, carried = _carriers(ids, columns.key_index)
+        table._build(
+            columns.arrivals.astype(np.float64),
+            columns.lengths.astype(np.float64),
+            columns.cached.astype(np.int64),
+            reused,
+            len(ids),
+            carrier,
+            carried,
+            model,
+            degrees,
+        )
+        return table
+
+    def _build(
+        self,
+        arrivals: np.ndarray,
+        total: np.ndarray,
+        cached: np.ndarray,
+        reused: np.ndarray,
+        n_prefixes: int,
+        carrier: list[int],
+        carried: list[int],
+        model: PrefillModel,
+        degrees: Sequence[int],
+    ) -> None:
+        """The table from its columns (in the shell's order) and the (row, prefix id)
+        pairs of who carries which reused prefix: rows sorted by arrival (stable),
+        carried ids as CSR, Ê at every degree."""
+        n = self.n = len(arrivals)
         rank = np.arange(n)
         if n > 1 and bool(np.any(np.diff(arrivals) < 0)):
             order = np.argsort(arrivals, kind="stable")
@@ -147,7 +233,7 @@ class RequestTable:
         np.cumsum(np.bincount(rows_of, minlength=n), out=self.carry_ptr[1:])
         self.arrivals = arrivals - arrivals[0] if n else arrivals
         self.reused = reused
-        self.n_prefixes = len(ids)
+        self.n_prefixes = n_prefixes
         reused_tokens = np.minimum(cached.astype(np.float64), total)
         self.degrees = tuple(sorted(set(degrees)))
         self.hit = np.empty((len(self.degrees), n))
