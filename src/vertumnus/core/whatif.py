@@ -23,9 +23,10 @@ enough to ask it every window:
   start free only after its drain and switch (:func:`transition_starts`).
 
 What it leaves out, on purpose (docs/benchmarks/adaptive.md, "Workloads
-it was not tuned on"): eviction, prefixes cached before the window, the cache manager's
-replication, and what happens after the window (a move must pay back
-within the window it is judged on, which makes the check conservative).
+it was not tuned on"): cache capacity (beyond the :data:`HOLDERS` bound),
+prefixes cached before the window, the cache manager's replication, and
+what happens after the window (a move must pay back within the window it
+is judged on: a load that returns, as in a rate cycle, is not seen).
 Pure: no clock, no I/O.
 """
 
