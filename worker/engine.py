@@ -34,11 +34,11 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from vertumnus.core.lattice import Slot
 
@@ -110,6 +110,43 @@ class BlockListing:
 def format_grouping(slots: Sequence[Slot]) -> str:
     """``[0: CP2 at rank 0, 2: CP2 at rank 2]``: a grouping as messages show it."""
     return "[" + ", ".join(f"{s.worker}: CP{s.degree} at rank {s.offset}" for s in slots) + "]"
+
+
+class _Regroupable(Protocol):
+    slot: Slot
+
+    @property
+    def draining(self) -> bool: ...
+
+    def describe(self) -> str: ...
+
+
+_W = TypeVar("_W", bound=_Regroupable)
+
+
+def regroup_plan(
+    epoch: int, current_epoch: int, slots: Sequence[Slot], workers: Iterable[_W]
+) -> list[_W] | None:
+    """The epoch rules of a regroup, shared by every engine: the workers that leave
+    the grouping (each must already be draining), or None when ``epoch`` is the one in
+    force with this grouping (nothing to do). An older epoch, or the current one with
+    another grouping, or a leaving worker still admitting, is refused (NotReady)."""
+    pool = list(workers)
+    current = sorted((w.slot for w in pool), key=lambda s: s.offset)
+    if epoch < current_epoch:
+        raise NotReady(f"epoch {epoch} is older than the current epoch {current_epoch}")
+    if epoch == current_epoch:
+        if set(slots) == set(current):
+            return None
+        raise NotReady(
+            f"epoch {epoch} is already in force with grouping {format_grouping(current)}; "
+            f"grouping {format_grouping(slots)} needs a newer epoch"
+        )
+    changing = [w for w in pool if w.slot not in slots]
+    undrained = [w.describe() for w in changing if not w.draining]
+    if undrained:
+        raise NotReady(f"{', '.join(undrained)} must be drained before epoch {epoch} regroups them")
+    return changing
 
 
 def _incarnation() -> int:
@@ -261,22 +298,9 @@ class Engine:
         """
         slots = engine_grouping(grouping, self.world)
         with self._control:
-            current = self.grouping()
-            if epoch < self.epoch:
-                raise NotReady(f"epoch {epoch} is older than the current epoch {self.epoch}")
-            if epoch == self.epoch:
-                if set(slots) == set(current):
-                    return SwitchReport(epoch, 0.0, unchanged=True)
-                raise NotReady(
-                    f"epoch {epoch} is already in force with grouping {format_grouping(current)}; "
-                    f"grouping {format_grouping(slots)} needs a newer epoch"
-                )
-            changing = [w for w in self.workers.values() if w.slot not in slots]
-            undrained = [w.describe() for w in changing if not w.draining]
-            if undrained:
-                raise NotReady(
-                    f"{', '.join(undrained)} must be drained before epoch {epoch} regroups them"
-                )
+            changing = regroup_plan(epoch, self.epoch, slots, self.workers.values())
+            if changing is None:
+                return SwitchReport(epoch, 0.0, unchanged=True)
             for w in changing:
                 w.drain()
             return SwitchReport(epoch, self._activate(epoch, slots), unchanged=False)

@@ -68,7 +68,14 @@ from typing import IO, TypeVar
 from vertumnus.core.lattice import Slot
 
 from ..dispatch import PrefillOutcome
-from ..engine import BlockListing, CopyReport, SwitchReport, _incarnation, format_grouping
+from ..engine import (
+    BlockListing,
+    CopyReport,
+    SwitchReport,
+    _incarnation,
+    format_grouping,
+    regroup_plan,
+)
 from ..errors import InvalidRequest, NotReady
 from ..events import EventLog
 from ..lattice import engine_grouping
@@ -288,22 +295,9 @@ class SglangEngine:
         servers restarted (module docstring)."""
         slots = engine_grouping(grouping, self.world)
         with self._control:
-            current = self.grouping()
-            if epoch < self.epoch:
-                raise NotReady(f"epoch {epoch} is older than the current epoch {self.epoch}")
-            if epoch == self.epoch:
-                if set(slots) == set(current):
-                    return SwitchReport(epoch, 0.0, unchanged=True)
-                raise NotReady(
-                    f"epoch {epoch} is already in force with grouping {format_grouping(current)}; "
-                    f"grouping {format_grouping(slots)} needs a newer epoch"
-                )
-            changing = [w for w in self.workers.values() if w.slot not in slots]
-            undrained = [w.describe() for w in changing if not w.draining]
-            if undrained:
-                raise NotReady(
-                    f"{', '.join(undrained)} must be drained before epoch {epoch} regroups them"
-                )
+            changing = regroup_plan(epoch, self.epoch, slots, self.workers.values())
+            if changing is None:
+                return SwitchReport(epoch, 0.0, unchanged=True)
             for w in changing:
                 w.drain()  # already refusing; waits for what is still in flight
             report = self._activate(epoch, slots)
