@@ -33,7 +33,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,28 +40,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from vertumnus.ports import free_port_base as _free_base
+
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
-
-
-def _free_base(n: int) -> int:
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n >= 65535:
-            continue
-        ok = True
-        for p in range(base, base + n):
-            with socket.socket() as t:
-                try:
-                    t.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no free ports")
 
 
 def _cli(*args: str) -> list[str]:

@@ -14,7 +14,6 @@ import contextlib
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 import grpc
 
 from vertumnus._proto import pool_pb2, pool_pb2_grpc, worker_pb2, worker_pb2_grpc
+from vertumnus.ports import free_port_base as free_base
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,27 +38,6 @@ def load_redis_helper():  # type: ignore[no-untyped-def]
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
-
-
-def free_base(count: int) -> int:
-    """A port such that ``port .. port + count - 1`` are free on loopback now."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count > 65535:
-            continue
-        ok = True
-        for p in range(base, base + count):
-            with socket.socket() as t:
-                try:
-                    t.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 class Engine:
