@@ -97,9 +97,9 @@ class _SeenHop:
         self.arrivals.append(request.arrival_s)
         self.lengths.append(request.length)
         self.cached.append(cached_tokens)
-        m = min(-(-cached_tokens // block_size), len(keys)) if cached_tokens > 0 else 0
-        self.reused_keys.append(keys[m - 1] if m else 0)
-        self.reuses.append(1 if m else 0)
+        reused = whatif.reused_key(keys, cached_tokens, block_size)
+        self.reused_keys.append(0 if reused is None else reused)
+        self.reuses.append(reused is not None)
 
 
 class ControlWindows:
@@ -261,6 +261,12 @@ class WhatIf:
         }
 
 
+def _nothing_started(state: planner.ControllerState) -> planner.ControllerState:
+    """``state`` with its streaks reset: what a window that starts nothing leaves
+    (a vetoed move, a move that cannot start yet)."""
+    return replace(state, split_streak=0, merge_streak=0, confirming=(), momentum=None)
+
+
 class Controller:
     """The planner's state and its windows, stepped by a shell.
 
@@ -380,9 +386,7 @@ class Controller:
         layout = before.layout
         degrees = sorted(set(ps.degrees) | {s.degree for s in layout.slots})
         table = whatif.RequestTable.of_columns(columns, self.model, degrees)
-        current = whatif.estimate(
-            table, Composition.of([s.degree for s in layout.slots]), self.params
-        )
+        current = whatif.estimate(table, layout.composition, self.params)
 
         def pays(e: whatif.Estimate) -> bool:
             # The mean must improve by the margin, and the P90 not get worse by more.
@@ -419,9 +423,7 @@ class Controller:
             if decisive and best is not None:
                 return self._move(before, best, current, candidates, proposed, "trigger")
             # Veto: the rules' move does not pay on this window; nothing starts.
-            self.state = replace(
-                before, split_streak=0, merge_streak=0, confirming=(), momentum=None
-            )
+            self.state = _nothing_started(before)
             return WhatIf(current, candidates, proposed, "veto"), ()
         if best is None:
             self._streak = ("", 0)
@@ -448,9 +450,7 @@ class Controller:
         self._streak = ("", 0)
         start = planner.startable([st.op for st in steps], before.layout, (), self.capacity, ps)
         if not start:
-            self.state = replace(
-                before, split_streak=0, merge_streak=0, confirming=(), momentum=None
-            )
+            self.state = _nothing_started(before)
             return WhatIf(current, candidates, proposed, "wait"), ()
         why = (
             f"what-if: {best.composition} {best.mean_s:.3f} s vs {current.mean_s:.3f} s "
@@ -515,7 +515,7 @@ class Controller:
             st.layout, st.pending, direction, self.settings, workers, target=goal,
             limit=self.settings.max_walk,
         )  # fmt: skip
-        reached = Composition.of([s.degree for s in st.layout.slots]) == goal and not st.pending
+        reached = st.layout.composition == goal and not st.pending
         if reached or not path or path[-1].composition != goal:
             if not st.pending:
                 self._goal = None

@@ -50,6 +50,7 @@ __all__ = [
     "RequestTable",
     "best_of",
     "estimate",
+    "reused_key",
     "transition_starts",
 ]
 
@@ -98,6 +99,13 @@ class Columns:
     """Parts (offset of the part's first request, block key → positions in the part)."""
 
 
+def reused_key(keys: Sequence[int], cached_tokens: int, block_size: int) -> int | None:
+    """The key of a request's last cached block: the prefix it reused (None: no
+    whole block). Chained keys: that one key names the whole prefix."""
+    m = min(-(-cached_tokens // block_size), len(keys)) if cached_tokens > 0 else 0
+    return keys[m - 1] if m else None
+
+
 def _carriers(
     ids: Mapping[int, int], key_index: Sequence[tuple[int, Mapping[int, Sequence[int]]]]
 ) -> tuple[list[int], list[int]]:
@@ -121,10 +129,9 @@ class RequestTable:
     it reused (or would reuse) and its chained block keys
     (:mod:`vertumnus.core.keys`), from which the table finds the prefix it
     reused (the key of its last cached block) and which of the reused
-    prefixes it carries itself — by scanning every block, or, given
-    ``key_index`` (the shell's index of the requests' blocks, see
-    :class:`vertumnus.core.control.ControlWindows`), by looking up only the
-    reused keys. Rows are sorted by arrival (stable) and ``arrivals`` made
+    prefixes it carries itself, by looking up the reused keys in an index of
+    the requests' blocks: ``key_index`` (the shell's, kept at placement, see
+    :class:`vertumnus.core.control.ControlWindows`) or one built here. Rows are sorted by arrival (stable) and ``arrivals`` made
     relative to the first one. Requests too long for a degree (the model's
     memory limit) get Ê = inf there.
     """
@@ -142,39 +149,23 @@ class RequestTable:
         degrees: Sequence[int],
         key_index: Sequence[tuple[int, Mapping[int, Sequence[int]]]] | None = None,
     ) -> None:
-        rows = requests
-        n = len(rows)
-        columns = list(zip(*rows, strict=True)) if n else [(), (), (), ()]
-        all_keys = columns[3]
-        cached = np.asarray(columns[2], dtype=np.int64)
-        n_keys = np.fromiter(map(len, all_keys), dtype=np.int64, count=n)
-        # The prefix each request reused: its last cached block's key, as a
-        # small integer id; every request carries the reused prefixes among
-        # its own blocks (chained keys: holding a key means holding the prefix).
-        blocks = np.minimum(-(-cached // block_size), n_keys)
-        ids: dict[int, int] = {}
-        reused = np.full(n, -1, dtype=np.int64)
-        hits = np.flatnonzero(blocks > 0)
-        for i, m in zip(hits.tolist(), blocks[hits].tolist(), strict=True):
-            reused[i] = ids.setdefault(all_keys[i][m - 1], len(ids))
+        rows = list(requests)
         if key_index is None:
-            carrier: list[int] = []
-            carried: list[int] = []
-            known = ids.keys()
-            for j, r in enumerate(rows):
-                for k in known & r[3]:  # dict keys & tuple: the tests run in C
-                    carrier.append(j)
-                    carried.append(ids[k])
-        else:
-            carrier, carried = _carriers(ids, key_index)
-        self._build(
-            np.asarray(columns[0], dtype=np.float64),
-            np.asarray(columns[1], dtype=np.float64),
-            cached,
-            reused,
-            len(ids),
-            carrier,
-            carried,
+            index: dict[int, list[int]] = {}
+            for pos, r in enumerate(rows):
+                for k in r[3]:
+                    index.setdefault(k, []).append(pos)
+            key_index = [(0, index)]
+        reused = [reused_key(r[3], r[2], block_size) for r in rows]
+        self._fill(
+            Columns(
+                arrivals=np.array([r[0] for r in rows], dtype=np.float64),
+                lengths=np.array([r[1] for r in rows], dtype=np.int64),
+                cached=np.array([r[2] for r in rows], dtype=np.int64),
+                reused_keys=np.array([0 if k is None else k for k in reused], dtype=np.uint64),
+                reuses=np.array([k is not None for k in reused], dtype=bool),
+                key_index=key_index,
+            ),
             model,
             degrees,
         )
@@ -186,41 +177,22 @@ class RequestTable:
         """The table of a window the shell kept column by column (:class:`Columns`):
         the same table as from its rows, without a pass over them in Python."""
         table = cls.__new__(cls)
-        n = len(columns.arrivals)
+        table._fill(columns, model, degrees)
+        return table
+
+    def _fill(self, columns: Columns, model: PrefillModel, degrees: Sequence[int]) -> None:
+        """The table from its columns (in the shell's order): reused prefixes numbered,
+        who carries which (from the key index), rows sorted by arrival (stable),
+        carried ids as CSR, Ê at every degree."""
+        arrivals = columns.arrivals.astype(np.float64)
+        total = columns.lengths.astype(np.float64)
+        cached = columns.cached.astype(np.int64)
+        n = self.n = len(arrivals)
         uniq, inverse = np.unique(columns.reused_keys[columns.reuses], return_inverse=True)
         reused = np.full(n, -1, dtype=np.int64)
         reused[columns.reuses] = inverse
         ids = {k: i for i, k in enumerate(uniq.tolist())}
         carrier, carried = _carriers(ids, columns.key_index)
-        table._build(
-            columns.arrivals.astype(np.float64),
-            columns.lengths.astype(np.float64),
-            columns.cached.astype(np.int64),
-            reused,
-            len(ids),
-            carrier,
-            carried,
-            model,
-            degrees,
-        )
-        return table
-
-    def _build(
-        self,
-        arrivals: np.ndarray,
-        total: np.ndarray,
-        cached: np.ndarray,
-        reused: np.ndarray,
-        n_prefixes: int,
-        carrier: list[int],
-        carried: list[int],
-        model: PrefillModel,
-        degrees: Sequence[int],
-    ) -> None:
-        """The table from its columns (in the shell's order) and the (row, prefix id)
-        pairs of who carries which reused prefix: rows sorted by arrival (stable),
-        carried ids as CSR, Ê at every degree."""
-        n = self.n = len(arrivals)
         rank = np.arange(n)
         if n > 1 and bool(np.any(np.diff(arrivals) < 0)):
             order = np.argsort(arrivals, kind="stable")
@@ -234,7 +206,7 @@ class RequestTable:
         np.cumsum(np.bincount(rows_of, minlength=n), out=self.carry_ptr[1:])
         self.arrivals = arrivals - arrivals[0] if n else arrivals
         self.reused = reused
-        self.n_prefixes = n_prefixes
+        self.n_prefixes = len(ids)
         reused_tokens = np.minimum(cached.astype(np.float64), total)
         self.degrees = tuple(sorted(set(degrees)))
         self.hit = np.empty((len(self.degrees), n))
