@@ -316,7 +316,7 @@ def test_the_compiled_replay_refuses_inconsistent_shapes(model):
         )  # fmt: skip
 
 
-def test_the_windows_key_index_gives_the_table_a_full_scan_gives(model):
+def test_the_windows_columns_give_the_table_of_their_rows(model):
     from vertumnus.core.control import ControlWindows
 
     w = ControlWindows(planner.PlannerSettings(window_s=30.0, hop_s=10.0))
@@ -336,20 +336,27 @@ def test_the_windows_key_index_gives_the_table_a_full_scan_gives(model):
             rows.append((req.arrival_s, req.length, shared * BS, keys))
         if hop < 2:
             w.close_hop()
-    got, index = w.requests()
-    assert got == rows and len(index) == 3
-    indexed = whatif.RequestTable(got, BS, model, (4, 8), index)
-    scanned = whatif.RequestTable(got, BS, model, (4, 8))
-    assert indexed.reused.tolist() == scanned.reused.tolist()
+    cols = w.columns()
+    assert [len(part) for _, part in cols.key_index] and len(cols.key_index) == 3
+    assert cols.arrivals.tolist() == [r[0] for r in rows]
+    assert cols.lengths.tolist() == [r[1] for r in rows]
+    assert cols.cached.tolist() == [r[2] for r in rows]
+    reused = [whatif.reused_key(r[3], r[2], BS) for r in rows]
+    assert cols.reuses.tolist() == [k is not None for k in reused]
+    assert [int(k) for k, on in zip(cols.reused_keys, cols.reuses, strict=True) if on] == [
+        k for k in reused if k is not None
+    ]
+    # The table of the windows' columns (their key index, kept at placement) is the
+    # table of the same rows indexed afresh: the same carried prefixes per request (ids
+    # numbered alike: both number the reused keys in sorted order) and the same replay.
+    columnar = whatif.RequestTable.of_columns(cols, model, (4, 8))
+    fresh = whatif.RequestTable(rows, BS, model, (4, 8))
+    assert columnar.reused.tolist() == fresh.reused.tolist()
     by_row = lambda tab: [sorted(c) for c in tab.lists()[2]]  # noqa: E731
-    assert by_row(indexed) == by_row(scanned)
-    assert any(by_row(indexed))
-    # The columns the windows keep give the same replay (prefix ids are numbered
-    # differently, which the replay does not see).
-    columnar = whatif.RequestTable.of_columns(w.columns(), model, (4, 8))
-    assert columnar.n == scanned.n and (columnar.reused >= 0).sum() == (scanned.reused >= 0).sum()
+    assert by_row(columnar) == by_row(fresh)
+    assert any(by_row(columnar))
     for comp in ("2xCP4", "1xCP4+1xCP8", "2xCP8"):
         c = Composition.parse(comp)
         assert whatif.estimate(columnar, c, PlacementParams()) == whatif.estimate(
-            scanned, c, PlacementParams()
+            fresh, c, PlacementParams()
         )

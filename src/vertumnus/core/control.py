@@ -44,13 +44,9 @@ __all__ = [
     "ControlWindows",
     "Tick",
     "WhatIf",
-    "WindowRequest",
     "history_requests",
     "initial_composition",
 ]
-
-WindowRequest = tuple[float, int, int, tuple[int, ...]]
-"""A request as the what-if check sees it: arrival, length, cached tokens, block keys."""
 
 
 @dataclass(frozen=True)
@@ -67,15 +63,14 @@ class Tick:
 
 
 class _SeenHop:
-    """One hop's requests for the what-if check: as rows, column by column (arrays
+    """One hop's requests for the what-if check, column by column (arrays
     appended per placement, so that the check's table is array work), and the key
     index (block key → positions of the hop's requests that carry it), so that the
     check looks up the reused prefixes instead of scanning every block of the window."""
 
-    __slots__ = ("arrivals", "cached", "keys", "lengths", "reused_keys", "reuses", "rows")
+    __slots__ = ("arrivals", "cached", "keys", "lengths", "reused_keys", "reuses")
 
     def __init__(self) -> None:
-        self.rows: list[WindowRequest] = []
         self.keys: dict[int, list[int]] = {}
         self.arrivals = array("d")
         self.lengths = array("q")
@@ -86,14 +81,13 @@ class _SeenHop:
     def add(self, request: Request, cached_tokens: int, block_size: int) -> None:
         keys = request.block_keys
         index = self.keys
-        pos = len(self.rows)
+        pos = len(self.arrivals)
         for k in keys:
             found = index.get(k)
             if found is None:
                 index[k] = [pos]
             else:
                 found.append(pos)
-        self.rows.append((request.arrival_s, request.length, cached_tokens, keys))
         self.arrivals.append(request.arrival_s)
         self.lengths.append(request.length)
         self.cached.append(cached_tokens)
@@ -138,21 +132,11 @@ class ControlWindows:
         parts = list(self._seen_hops)[-(hops - 1) :] if hops > 1 else []
         return [*parts, self._seen]
 
-    def requests(self) -> tuple[list[WindowRequest], list[tuple[int, Mapping[int, list[int]]]]]:
-        """The window's requests in placement order, and their key index in parts:
-        (offset of the part's first request, block key → positions in the part)."""
-        out: list[WindowRequest] = []
-        index: list[tuple[int, Mapping[int, list[int]]]] = []
-        for part in self._parts():
-            index.append((len(out), part.keys))
-            out.extend(part.rows)
-        return out, index
-
     def columns(self) -> whatif.Columns:
         """The window's requests column by column, for :meth:`RequestTable.of_columns
         <vertumnus.core.whatif.RequestTable.of_columns>`."""
         parts = self._parts()
-        offsets = np.cumsum([0] + [len(p.rows) for p in parts[:-1]]).tolist()
+        offsets = np.cumsum([0] + [len(p.arrivals) for p in parts[:-1]]).tolist()
 
         def cat(name: str, dtype: type) -> np.ndarray:
             return np.concatenate([np.frombuffer(getattr(p, name), dtype=dtype) for p in parts])
