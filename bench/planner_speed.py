@@ -15,7 +15,9 @@ conversation trace's size).
 **With the what-if check** (issue 12): the whole decision of
 :meth:`vertumnus.core.control.Controller.tick` — the rules plus the what-if
 replay of the window's requests on the current composition and on the
-compositions along the split and merge paths — on 40 to 1,024 GPUs, with
+compositions along the split and merge paths, each twice (with its
+transition, and from the window's start, for ``whatif_horizon``) — on 40 to
+1,024 GPUs, with
 the window holding 0.75 requests per second per GPU for 20 s (the heavy
 Mooncake load on 40 GPUs, 30 req/s, scaled with the pool: 15,360 requests
 at 1,024 GPUs), drawn from the built-in synthetic generator with reuse as
@@ -81,7 +83,9 @@ def whatif_decisions(repeat: int = 5) -> dict[str, dict]:
             SyntheticConfig(duration_s=20.0, mean_rate=0.75 * gpus, peak_to_trough=1.0), seed=0
         )
         hist = history_requests(trace.requests, trace.block_size)
-        settings = planner.PlannerSettings(degrees=degrees, persist_windows=1)
+        # One evaluation of a whole window (check_hops=1 so that one tick sees it; with
+        # the default 4 the same evaluation runs four times per window).
+        settings = planner.PlannerSettings(degrees=degrees, persist_windows=1, check_hops=1)
         layout = planner.layout_for(Composition.parse(comp))
         running = {s.worker: (s.worker % 7) * 0.1 for s in layout.slots}
         last: dict[str, object] = {}

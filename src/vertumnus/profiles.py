@@ -108,7 +108,11 @@ def load_capacity(name_or_path: str) -> CapacityProfile:
 def capacity_from_dict(data: dict[str, Any]) -> CapacityProfile:
     try:
         kappa = {int(k): float(v) for k, v in data["kappa_per_s"].items()}
-        return CapacityProfile(kappa, float(data.get("target_attainment", 0.9)))
+        levels = {
+            int(k): tuple((float(p["demand_per_s"]), float(p["attainment"])) for p in v)
+            for k, v in (data.get("levels") or {}).items()
+        }
+        return CapacityProfile(kappa, float(data.get("target_attainment", 0.9)), levels)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ValueError(f"malformed capacity profile ({e})") from None
 

@@ -14,7 +14,7 @@ def r(rid: int, length: int, t: float = 0.0, keys=()) -> Request:
 
 
 def test_disjoint_windows_count_each_hop_once():
-    w = ControlWindows(planner.PlannerSettings(window_s=10.0, long_threshold=100))
+    w = ControlWindows(planner.PlannerSettings(window_s=10.0, long_threshold=100, check_hops=1))
     assert w.ready
     w.placed(r(0, 50), 1.0)
     w.placed(r(1, 500), 4.0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -106,7 +108,7 @@ def test_best_of_picks_the_lowest_mean(model):
 
 
 def settings(**kw):
-    base = dict(window_s=20.0, persist_windows=1, domain_size=8, degrees=(4, 8))
+    base = dict(window_s=20.0, persist_windows=1, domain_size=8, degrees=(4, 8), check_hops=1)
     return planner.PlannerSettings(**{**base, **kw})
 
 
@@ -360,3 +362,78 @@ def test_the_windows_columns_give_the_table_of_their_rows(model):
         assert whatif.estimate(columnar, c, PlacementParams()) == whatif.estimate(
             fresh, c, PlacementParams()
         )
+
+
+def test_a_horizon_weighs_a_lasting_gain_against_a_one_off_transition(model):
+    # Two CP4s halve the burst's wait; the CP8's running prefill needs 1 s to
+    # drain first. On the window alone the drain eats the gain; over five
+    # windows (the drain paid in the first) the split pays.
+    huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
+    layout = planner.layout_for(Composition.parse("CP8"), 8)
+    burst = [(0.0, 100)] + [(2.0, 6000)] * 6
+    checks = {}
+    for horizon in (1, 5):
+        ps = settings(persist_windows=1, min_requests=4, whatif_horizon=horizon)
+        ctl = Controller(planner.initial_state(layout), huge, ps, model)
+        feed(ctl, burst)
+        columns = ctl.windows.columns()
+        tick = ctl.tick({0: 1.0}, reconfiguring=False)
+        assert tick is not None and tick.whatif is not None
+        checks[horizon] = tick.whatif
+    one, five = checks[1], checks[5]
+    assert one.verdict == "stay" and one.candidates[0][1].mean_s > one.current.mean_s
+    assert five.verdict == "trigger" and five.best is not None
+    assert five.best.composition == Composition.parse("2xCP4")
+    # The horizon's estimate: one window with the transition, four without it.
+    steady = whatif.estimate(
+        whatif.RequestTable.of_columns(columns, model, (4, 8)),
+        Composition.parse("2xCP4"),
+        ctl.params,
+    )
+    assert five.best.mean_s == pytest.approx((one.candidates[0][1].mean_s + 4 * steady.mean_s) / 5)
+    with pytest.raises(ValueError, match="whatif_horizon"):
+        settings(whatif_horizon=0)
+
+
+def test_between_windows_the_check_alone_looks_and_only_a_decisive_gain_moves(model):
+    # check_hops=4: a 20 s window evaluated every 5 s. The rules (κ tiny: they
+    # always ask to split) read the disjoint windows only.
+    tiny = planner.CapacityProfile({4: 0.001, 8: 0.002})
+    layout = planner.layout_for(Composition.parse("CP8"), 8)
+    rules = Controller(
+        planner.initial_state(layout), tiny, settings(check_hops=4, whatif=False), model
+    )
+    assert rules.settings.hop == 5.0 and rules.settings.rules_at_boundaries
+    decided = []
+    for hop in range(8):
+        rules.windows.placed(Request(hop, 5.0 * hop, 60000, (hop + 1,)), 1.0, 0)
+        tick = rules.tick({0: 0.0}, reconfiguring=False)
+        decided.append(None if tick is None else len(tick.ops))
+        if tick is not None and tick.ops:
+            rules.state = planner.initial_state(layout)  # not carried out: ask again
+    # Three hops fill the first window; then the rules speak every fourth hop only.
+    assert decided == [None, None, None, 1, 0, 0, 0, 1]
+
+    # The check between windows: a burst worth >= whatif_decisive moves at once...
+    huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
+    ps = settings(check_hops=4, persist_windows=2, min_requests=4)
+    fast = Controller(planner.initial_state(layout), huge, ps, model)
+    verdicts = []
+    for hop in range(5):
+        if hop == 4:
+            feed(fast, [(20.0, 100)] + [(21.0, 6000)] * 6)
+        else:
+            fast.windows.placed(Request(100 + hop, 5.0 * hop, 100, (200 + hop,)), 1.0, 0)
+        tick = fast.tick({0: 0.0}, reconfiguring=False)
+        verdicts.append(None if tick is None or tick.whatif is None else tick.whatif.verdict)
+    assert verdicts[-1] == "trigger" and tick is not None and tick.target == "2xCP4"
+    # ... a smaller one waits for the windows' end, where persistence is counted.
+    slow = Controller(planner.initial_state(layout), huge, replace(ps, whatif_decisive=1.0), model)
+    for hop in range(5):
+        if hop == 4:
+            feed(slow, [(20.0, 100)] + [(21.0, 6000)] * 6)
+        else:
+            slow.windows.placed(Request(100 + hop, 5.0 * hop, 100, (200 + hop,)), 1.0, 0)
+        tick = slow.tick({0: 0.0}, reconfiguring=False)
+    assert tick is not None and tick.whatif is not None
+    assert tick.whatif.verdict == "wait" and tick.ops == ()

@@ -35,7 +35,7 @@ from vertumnus.sim.reconfig import AdaptiveOptions, build_adaptive
 from .helpers import two_phase_trace
 
 CAP = CapacityProfile({4: 0.5, 8: 0.6})
-DISJOINT = PlannerSettings()  # window 20 s, one evaluation per window
+DISJOINT = PlannerSettings(check_hops=1)  # window 20 s, one evaluation per window
 HOP10 = replace(DISJOINT, hop_s=10.0)
 K = CAP.capacity_per_s(Composition.parse("6xCP4+2xCP8").degrees)  # 4.2/s
 
@@ -192,7 +192,7 @@ def test_the_controller_ticks_every_hop_over_full_windows(model: PrefillModel) -
     for hop in (5.0, 2.5):
         opts = AdaptiveOptions(
             gpus=16,
-            control=PlannerSettings(window_s=5.0, persist_windows=2, hop_s=hop),
+            control=PlannerSettings(window_s=5.0, persist_windows=2, hop_s=hop, check_hops=1),
             initial=Composition.parse("2xCP8"),
         )
         sim = build_adaptive(trace, model, opts)

@@ -14,7 +14,12 @@ shell, and runs the planner's steps:
   per window, so that the planner ranks a reconfiguration of a worker whose
   cache is in demand after one whose cache is cold;
 - **history**: the planner's view of a past workload
-  (:func:`history_requests`), for the initial composition.
+  (:func:`history_requests`), for the initial composition;
+- **capacity samples** (``settings.learn_capacity``): each degree's window of
+  placements and the TTFTs its requests got (:meth:`Controller.placed`,
+  :meth:`Controller.completed`, or a router replica's sums,
+  :meth:`Controller.capacity_reported`), from which κ is corrected
+  (:mod:`vertumnus.core.kappa`).
 
 :class:`Controller` ties the planner state, the windows and the capacity
 profile together: the shell calls :meth:`Controller.tick` every
@@ -28,14 +33,15 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from vertumnus.core import planner, whatif
+from vertumnus.core import kappa, planner, whatif
 from vertumnus.core.costmodel import PrefillModel
+from vertumnus.core.metrics import SloRule
 from vertumnus.core.placement import PlacementParams
 from vertumnus.core.types import Composition, Request, cached_tokens
 
@@ -60,6 +66,9 @@ class Tick:
     """Where the transition in progress is heading (multi-step), if anywhere."""
     whatif: WhatIf | None = None
     """The what-if check of this window (None: not made)."""
+    kappa: Mapping[int, float] | None = None
+    """κ per degree the rules read this window (the learned one with
+    ``learn_capacity``, else the shipped one)."""
 
 
 class _SeenHop:
@@ -269,18 +278,71 @@ class Controller:
         model: PrefillModel | None = None,
         params: PlacementParams | None = None,
         block_size: int = 512,
+        slo: SloRule | None = None,
     ) -> None:
         self.state = state
         self.block_size = block_size
         self.capacity = capacity
+        """κ the rules read: the shipped profile, or its online correction."""
         self.settings = settings
         self.windows = ControlWindows(settings, block_size)
         self.model = model
         self.params = params or PlacementParams()
         self._streak: tuple[str, int] = ("", 0)
         """Direction of the what-if candidate that paid in the last windows, and for how many."""
+        self._evaluations = 0
+        """Windows evaluated so far (one per hop once the first window is full)."""
         self._goal: tuple[str, Composition] | None = None
         """Direction and target of a move the what-if check started."""
+        self.slo = slo or SloRule()
+        self.learner = kappa.CapacityLearner(capacity) if settings.learn_capacity else None
+        """The online correction of κ (None: the shipped κ as it is). Its samples come
+        from :meth:`placed` / :meth:`completed` (a shell with the prefill model, which
+        sets each request's τ) or as sums (:meth:`capacity_reported`)."""
+        self.samples = kappa.SampleBook(hops_per_sample=settings.hops_per_window)
+        self._degrees: tuple[planner.Layout, dict[int, int]] | None = None
+
+    def placed(
+        self, request: Request, worker: int, estimate_s: float, cached_tokens: int = 0
+    ) -> None:
+        """A request's first placement, on ``worker``: its demand counts in the open hop
+        (:meth:`ControlWindows.placed`), and it is tracked for the capacity samples."""
+        self.windows.placed(request, estimate_s, cached_tokens)
+        self.track(request, worker, estimate_s)
+
+    def track(self, request: Request, worker: int, estimate_s: float) -> None:
+        """Track a first placement for the capacity samples only (a shell that counts
+        demand with :meth:`ControlWindows.add`)."""
+        if self.learner is None or self.model is None:
+            return
+        layout = self.state.layout
+        if self._degrees is None or self._degrees[0] is not layout:
+            self._degrees = (layout, {s.worker: s.degree for s in layout.slots})
+        degree = self._degrees[1].get(worker)
+        if degree is None:
+            return
+        tau = self.slo.tau(self.model, request.length, degree)
+        self.samples.placed(request.id, degree, estimate_s, request.length, tau)
+
+    def completed(self, request_id: int, ttft_s: float) -> None:
+        """A request tracked by :meth:`placed` got its first token after ``ttft_s``."""
+        if self.learner is not None:
+            self.samples.completed(request_id, ttft_s)
+
+    def capacity_reported(self, parts: Iterable[kappa.Part], hop: int) -> None:
+        """Capacity sums of router replicas (:class:`~vertumnus.core.kappa.ReplicaBook`)
+        taken as the shell's hop number ``hop``, which is the open hop here."""
+        if self.learner is None:
+            return
+        book = self.samples
+        for p in parts:
+            h = book.hop - (hop - p.hop)
+            if h < 0 or p.hop > hop:
+                continue  # before this controller started, or a replica ahead of it
+            if p.requests:
+                book.add_placed(h, p.degree, p.demand_s, p.requests)
+            if p.done:
+                book.add_done(h, p.degree, p.done, p.tokens, p.met_tokens)
 
     def workers(
         self, running_remaining_s: Mapping[int, float]
@@ -295,12 +357,36 @@ class Controller:
     def tick(self, running_remaining_s: Mapping[int, float], reconfiguring: bool) -> Tick | None:
         """One hop ended: evaluate the window (once a whole one has been seen), close the
         hop, and return what was decided (None while the first window fills)."""
+        if self.learner is not None:
+            counts = Counter(sl.degree for sl in self.state.layout.slots)
+            for sample in self.samples.close_hop(counts):
+                self.learner.add(
+                    sample.degree,
+                    sample.demand_s / self.settings.window_s,
+                    sample.attainment,
+                    sample.requests,
+                )
+            self.capacity = self.learner.profile()
         if not self.windows.ready:
             self.windows.close_hop()
             return None
+        ps = self.settings
+        # With sliding windows a window starting at a multiple of window_s is a
+        # "boundary": the disjoint windows among the overlapping ones.
+        boundary = self._evaluations % ps.hops_per_window == 0
+        self._evaluations += 1
         obs = self.windows.observation(self.workers(running_remaining_s), reconfiguring)
         before = self.state
-        self.state, ops = planner.step(before, obs, self.capacity, self.settings)
+        if not ps.rules_at_boundaries:
+            self.state, ops = planner.step(before, obs, self.capacity, ps)
+        elif boundary:
+            # The rules read disjoint windows: every request of this one is new to them.
+            disjoint = replace(
+                obs, fresh_demand_s=None, fresh_long_requests=None, fresh_long_demand_s=None
+            )
+            self.state, ops = planner.step(before, disjoint, self.capacity, ps)
+        else:
+            ops = ()
         check = None
         if (
             self.model is not None
@@ -311,7 +397,7 @@ class Controller:
         ):
             columns = self.windows.columns()
             if len(columns.arrivals) >= self.settings.min_requests:
-                check, ops = self._check(before, obs, ops, columns)
+                check, ops = self._check(before, obs, ops, columns, boundary)
         k_cap = self.capacity.capacity_per_s(s.degree for s in self.state.layout.slots)
         tick = Tick(
             obs,
@@ -319,6 +405,7 @@ class Controller:
             ops,
             None if self.state.target is None else str(self.state.target),
             check,
+            dict(self.capacity.kappa_per_s),
         )
         self.windows.close_hop()
         return tick
@@ -353,7 +440,18 @@ class Controller:
             starts = whatif.transition_starts(
                 [(st.drain_s, st.made) for st in steps], ps.switch_s, ps.max_concurrent_ops
             )
-            out.append((steps, whatif.estimate(table, steps[-1].composition, self.params, starts)))
+            comp = steps[-1].composition
+            e = whatif.estimate(table, comp, self.params, starts)
+            if ps.whatif_horizon > 1:
+                # The transition is paid once; the composition serves on after it.
+                steady = whatif.estimate(table, comp, self.params)
+                h = ps.whatif_horizon
+                e = replace(
+                    e,
+                    mean_s=(e.mean_s + (h - 1) * steady.mean_s) / h,
+                    p90_s=(e.p90_s + (h - 1) * steady.p90_s) / h,
+                )
+            out.append((steps, e))
         return out
 
     def _check(
@@ -362,6 +460,7 @@ class Controller:
         obs: planner.WindowObservation,
         ops: tuple[planner.Op, ...],
         columns: whatif.Columns,
+        boundary: bool = True,
     ) -> tuple[WhatIf, tuple[planner.Op, ...]]:
         """The what-if check of this window: the rules' ``ops`` kept or vetoed, or the
         check's own move (module docstring of :mod:`vertumnus.core.whatif`)."""
@@ -409,6 +508,11 @@ class Controller:
             # Veto: the rules' move does not pay on this window; nothing starts.
             self.state = _nothing_started(before)
             return WhatIf(current, candidates, proposed, "veto"), ()
+        if not decisive and not boundary:
+            # Sliding windows: a decisive gain acts at any hop, but persistence is
+            # counted on disjoint windows only (every hops_per_window-th
+            # evaluation), since overlapping windows share most of their requests.
+            return WhatIf(current, candidates, None, "stay" if best is None else "wait"), ()
         if best is None:
             self._streak = ("", 0)
             return WhatIf(current, candidates, None, "stay"), ()
@@ -483,6 +587,7 @@ class Controller:
         operations of the transition in progress (empty: none now)."""
         self.state = planner.commit(self.state, new_ids, op)
         self.windows.forget(removed)
+        self.samples.reshaped()
         workers = self.workers(running_remaining_s)
         if self._goal is not None:
             return self._toward_goal(workers)

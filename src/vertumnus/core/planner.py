@@ -249,10 +249,34 @@ class PlannerSettings:
     switch_s: float = 0.5
     """Seconds a split or merge keeps its GPUs out of service after the drain
     (the executor's switch), charged by the what-if check."""
+    whatif_horizon: int = 5
+    """Windows over which the what-if check weighs a move: the move's transition
+    (drain and switch) is paid in the first, and the composition serves the
+    window's requests from the start in the other ``whatif_horizon − 1``; the
+    estimate is their mean. 1: the window alone, so that a move whose gain
+    lasts but whose transition costs up front looks worse than it is."""
+    check_hops: int = 4
+    """With disjoint windows (``hop_s`` = 0): evaluations per window. The rules
+    read the disjoint windows only (every ``window_s``), and at the evaluations
+    between, the what-if check alone looks at the last ``window_s`` for a
+    decisive gain (``whatif_decisive``), so that a phase change is met within
+    ``window_s / check_hops`` seconds while persistence is still counted on
+    disjoint windows (docs/benchmarks/adaptive.md, "Faster than a window").
+    1: once per window. With sliding windows (``hop_s`` > 0) the rules read
+    every hop themselves and this is not used."""
+    learn_capacity: bool = False
+    """κ that follows the workload (:mod:`vertumnus.core.kappa`): the rules read
+    the shipped κ corrected online from the workers' own hops (demand against
+    SLO attainment; needs the shell to report completions). False: the
+    shipped κ as it is."""
 
     def __post_init__(self) -> None:
         if self.window_s <= 0:
             raise ValueError(f"window must be > 0 s, got {self.window_s}")
+        if self.check_hops < 1:
+            raise ValueError(f"check_hops must be >= 1, got {self.check_hops}")
+        if self.whatif_horizon < 1:
+            raise ValueError(f"whatif_horizon must be >= 1 window, got {self.whatif_horizon}")
         if not 0 < self.lower < self.upper:
             raise ValueError(f"need 0 < lower < upper, got lower={self.lower} upper={self.upper}")
         if not self.merge_admit <= self.upper:
@@ -290,8 +314,14 @@ class PlannerSettings:
 
     @property
     def hop(self) -> float:
-        """Seconds between evaluations: ``hop_s``, or ``window_s`` if it is 0."""
-        return self.hop_s or self.window_s
+        """Seconds between evaluations: ``hop_s``, or ``window_s / check_hops`` if it is 0."""
+        return self.hop_s or self.window_s / self.check_hops
+
+    @property
+    def rules_at_boundaries(self) -> bool:
+        """The rules read only every ``hops_per_window``-th evaluation's window
+        (disjoint windows evaluated ``check_hops`` times each)."""
+        return self.hop_s == 0 and self.check_hops > 1
 
     @property
     def hops_per_window(self) -> int:
@@ -307,6 +337,10 @@ class CapacityProfile:
     """Degree → sustainable demand rate of one worker of that degree."""
     target_attainment: float = 0.9
     """The SLO attainment the profile was measured against."""
+    levels: Mapping[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    """Degree → the measured (demand per s, attainment) points κ was read from
+    (the capacity file's ``levels``; empty if it has none). The online
+    correction of κ (:mod:`vertumnus.core.kappa`) fits their scale."""
 
     def kappa(self, degree: int) -> float:
         try:

@@ -185,6 +185,8 @@ class Simulation:
         """Called after every placement, placements again of drained requests included."""
         self.start_listeners: list[Callable[[int, Request, int], None]] = []
         """Called as ``fn(worker, request, reused_blocks)`` when a prefill starts."""
+        self.completion_listeners: list[Callable[[Completion], None]] = []
+        """Called with every completion as it is recorded."""
         self.attachments: dict[str, Any] = {}
         """Shell components riding on this run (controller, executor, cache manager)."""
         self._held: deque[tuple[Request, bool]] = deque()
@@ -387,6 +389,8 @@ class Simulation:
                 tau_s=self.pool.slo.tau(self.pool.model, req.length, self.slo_degree),
             )
         )
+        for fn in self.completion_listeners:
+            fn(self.completions[-1])
         self.core.finished(req.id)
         if self.core.worker(worker.id).available or worker.queue:
             self._start_next(worker)

@@ -37,7 +37,7 @@ from vertumnus.core.blockcache import BlockCache, CacheDelta
 from vertumnus.core.control import Controller, initial_composition
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.decision import RouteDecision
-from vertumnus.core.metrics import SloRule
+from vertumnus.core.metrics import Completion, SloRule
 from vertumnus.core.placement import PlacementParams
 from vertumnus.core.reconcile import Prefix, ReconcilePlan, plan_merge, plan_split
 from vertumnus.core.types import Composition, Request
@@ -249,6 +249,7 @@ class AdaptiveController:
         """Planner time per commit (the next operations of a transition)."""
         sim.placement_listeners.append(self._placed)
         sim.start_listeners.append(self._started)
+        sim.completion_listeners.append(self._completed)
         sim.at(controller.settings.hop, self._tick)
 
     @property
@@ -257,7 +258,12 @@ class AdaptiveController:
 
     def _placed(self, request: Request, decision: RouteDecision, first: bool) -> None:
         if first:
-            self.controller.windows.placed(request, decision.estimate_s, decision.cached_tokens)
+            self.controller.placed(
+                request, decision.worker, decision.estimate_s, decision.cached_tokens
+            )
+
+    def _completed(self, completion: Completion) -> None:
+        self.controller.completed(completion.request_id, completion.ttft_s)
 
     def _started(self, worker: int, request: Request, reused_blocks: int) -> None:
         self.controller.windows.reused(worker, reused_blocks)
@@ -287,6 +293,9 @@ class AdaptiveController:
                     "operations": len(tick.ops),
                     "target": tick.target,
                     "whatif": None if tick.whatif is None else tick.whatif.to_dict(),
+                    "kappa": None
+                    if tick.kappa is None
+                    else {str(d): k for d, k in tick.kappa.items()},
                 }
             )
             self._start(tick.ops)
@@ -390,7 +399,13 @@ def build_adaptive(
     executor = Executor(sim, opts.executor, pool=transition.initial_pool(layout))
     horizon = trace.requests[-1].arrival_s if trace.requests else 0.0
     controller = Controller(
-        planner.initial_state(layout), capacity, ps, model, opts.placement, trace.block_size
+        planner.initial_state(layout),
+        capacity,
+        ps,
+        model,
+        opts.placement,
+        trace.block_size,
+        opts.slo,
     )
     sim.attachments["controller"] = AdaptiveController(sim, controller, executor, horizon)
     sim.attachments["executor"] = executor
