@@ -14,6 +14,9 @@ import pytest
 
 from vertumnus._proto import pool_pb2, pool_pb2_grpc
 from vertumnus.core import planner
+from vertumnus.operator.controller import build_controller, feed
+from vertumnus.operator.routerapi import RouterAdmin
+from vertumnus.profiles import load_capacity
 from vertumnus.router.serve import start_router
 from vertumnus.router.settings import RouterSettings
 
@@ -316,9 +319,12 @@ def test_flush_and_restart_of_an_engine_keep_the_index_true(tmp_path) -> None:
 def test_the_routers_controller_runs_the_what_if_check_on_real_requests(tmp_path) -> None:
     """The router's own controller (``vertumnus up``) feeds the check the requests it
     placed: each window with enough of them gets a verdict, and whatever it decides,
-    every request is answered once."""
+    every request is answered once. With ``learn_capacity`` it also turns the
+    requests' TTFTs into capacity samples and exports the κ its rules read."""
     e = ps.Engine(2, [2], tmp_path / "engine.log").start()
-    control = planner.PlannerSettings(window_s=1.0, domain_size=2, degrees=(1, 2), min_requests=5)
+    control = planner.PlannerSettings(
+        window_s=1.0, domain_size=2, degrees=(1, 2), min_requests=5, learn_capacity=True
+    )
 
     async def scenario():  # type: ignore[no-untyped-def]
         running = await start_router(settings(controller=control), [e.address])
@@ -341,14 +347,67 @@ def test_the_routers_controller_runs_the_what_if_check_on_real_requests(tmp_path
                 for s in m.samples
                 if s.name.endswith("_total")
             }
-            return answers, verdicts
+            kappa = {
+                s.labels["degree"]: s.value
+                for m in registry.collect()
+                if m.name == "vertumnus_controller_kappa"
+                for s in m.samples
+            }
+            learner = running.router.controller.learner  # type: ignore[union-attr]
+            return answers, verdicts, kappa, learner.samples
         finally:
             await running.stop()
 
     try:
-        answers, verdicts = asyncio.run(scenario())
+        answers, verdicts, kappa, samples = asyncio.run(scenario())
     finally:
         e.stop()
     assert len(answers) == 48 and all(a.first_token_id >= 0 for a in answers)
+    assert samples >= 2  # windows whose requests all finished became samples
+    shipped = load_capacity("cpu-tiny").kappa_per_s
+    assert set(kappa) == {str(d) for d in shipped} and all(k > 0 for k in kappa.values())
     assert sum(verdicts.values()) >= 2, verdicts  # windows with >= 5 requests were checked
     assert set(verdicts) <= {"agree", "extend", "veto", "trigger", "wait", "stay"}
+
+
+def test_an_operator_run_pools_router_reports_capacity_sums_the_controller_learns_from(
+    engine,
+) -> None:
+    """Without a controller of its own the router reports, with every ``TakeWindow``, its
+    capacity sums per (hop, degree): the placements of the hop and the completions since
+    (each against its τ on the worker's degree), and it counts long requests by its own
+    ``long_threshold``. The operator's client sums the replicas and the operator's
+    controller turns them into κ samples."""
+    items = ps.prompts(12, seed=4)
+    threshold = sorted(len(t) for t in items)[8]  # three or so of the twelve are "long"
+
+    async def scenario():  # type: ignore[no-untyped-def]
+        running = await start_router(settings(long_threshold=threshold), [engine.address])
+        admin = RouterAdmin([running.address])
+        try:
+            async with grpc.aio.insecure_channel(running.address) as ch:
+                stub = pool_pb2_grpc.PrefillStub(ch)
+                await asyncio.gather(*(_send(stub, f"c{i}", t) for i, t in enumerate(items)))
+            first = await admin.take_window(1)
+            again = await admin.take_window(1)  # a retried take answers the same
+            second = await admin.take_window(2)
+            layout = running.router.pool.layout  # type: ignore[union-attr]
+            return first, again, second, layout
+        finally:
+            await admin.close()
+            await running.stop()
+
+    first, again, second, layout = asyncio.run(scenario())
+    assert first.capacity == again.capacity
+    assert first.long_requests == sum(len(t) > threshold for t in items) > 0
+    assert sum(p.requests for p in first.capacity) == 12
+    assert sum(p.done for p in first.capacity) == 12  # all answered within the hop
+    assert all(p.hop == 1 and 0 <= p.met_tokens <= p.tokens for p in first.capacity)
+    assert {p.degree for p in first.capacity} <= {s.degree for s in layout.slots}
+    assert second.capacity == []
+    ps_ = planner.PlannerSettings(window_s=1.0, check_hops=1, learn_capacity=True)
+    ctl = build_controller(layout, None, load_capacity("cpu-tiny"), ps_)
+    feed(ctl, first, layout, in_flight=False)
+    assert ctl.learner is not None and ctl.learner.samples == len(
+        {p.degree for p in first.capacity}
+    )

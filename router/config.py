@@ -55,6 +55,7 @@ from urllib.parse import urlsplit
 
 from vertumnus.core.cachesettings import CacheManagerSettings
 from vertumnus.core.placement import PlacementParams
+from vertumnus.core.transition import SWITCH_TIMEOUT_S
 from vertumnus.router.settings import RouterSettings
 
 __all__ = ["ConfigError", "RouterConfig", "load_router_config", "parse_router_config"]
@@ -302,10 +303,23 @@ def _informational(doc: _Section) -> None:
     model = doc.section("model", ("name", "path", "profile"))
     model.string("name", "")
     model.string("path", "")
-    engine = doc.section("engine", ("kind", "blockSize", "maxTokens"))
-    engine.string("kind", "")
+    engine = doc.section("engine", ENGINE_KEYS)
     engine.integer("blockSize", 1, 1)
     engine.integer("maxTokens", 1, 1)
+
+
+ENGINE_KEYS = ("kind", "blockSize", "maxTokens")
+
+
+def _switch_timeout(doc: _Section) -> float:
+    kind = doc.section("engine", ENGINE_KEYS).string("kind", "")
+    try:
+        return SWITCH_TIMEOUT_S[kind]
+    except KeyError:
+        raise ConfigError(
+            doc.where("engine") + ".kind",
+            f"must be one of {sorted(k for k in SWITCH_TIMEOUT_S if k)}, got {kind!r}",
+        ) from None
 
 
 def _build(path: str, cls: Any, **kwargs: Any) -> Any:
@@ -360,6 +374,7 @@ def parse_router_config(raw: Any) -> RouterConfig:
             placement=placement,
             cache_manager=cache_manager,
             admission_limit=doc.integer("admissionLimit", defaults.admission_limit, 1),
+            switch_timeout_s=_switch_timeout(doc),
             # The operator's pool: its controller runs the transitions (Admin.Drain and
             # Admin.Switch), and a Reconfigure sent to the router is refused.
             external_controller=True,

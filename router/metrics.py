@@ -29,11 +29,11 @@ metric                                                 peers' counterpart
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -144,6 +144,14 @@ class RouterMetrics:
             ["verdict"],
             registry=r,
         )
+        self._kappa = Gauge(
+            "vertumnus_controller_kappa",
+            "κ per degree the controller's rules read: seconds of predicted prefill work per "
+            "second one worker sustains at the SLO target (the shipped profile, or its online "
+            "correction with learn_capacity).",
+            ["degree"],
+            registry=r,
+        )
         self._state = _StateCollector()
         r.register(self._state)
         self.placement_samples: deque[float] = deque(maxlen=100_000)
@@ -233,6 +241,10 @@ class RouterMetrics:
 
     def whatif_verdict(self, verdict: str) -> None:
         self._whatif.labels(verdict).inc()
+
+    def kappa(self, per_degree: Mapping[int, float]) -> None:
+        for degree, k in per_degree.items():
+            self._kappa.labels(str(degree)).set(k)
 
 
 @dataclass(frozen=True)

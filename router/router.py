@@ -49,12 +49,13 @@ import grpc
 import numpy as np
 
 from vertumnus._proto import worker_pb2
-from vertumnus.core import planner, transition
+from vertumnus.core import kappa, planner, transition
 from vertumnus.core.cachemanager import CacheManager, Copy, Reclaim
 from vertumnus.core.control import Controller
 from vertumnus.core.decision import RouteDecision
 from vertumnus.core.keys import token_block_keys
 from vertumnus.core.lattice import Layout, Slot
+from vertumnus.core.metrics import SloRule
 from vertumnus.core.policies.vertumnus import CostModelPolicy
 from vertumnus.core.reconcile import PendingCopy, ReconcilePlan, plan_merge, plan_split
 from vertumnus.core.routing import Invalidation, RoutingCore
@@ -145,6 +146,8 @@ class _Worker:
     """``ahead``'s reply when it came before ``running``'s (one engine step served both)."""
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     unreachable: bool = False
+    failure: str = ""
+    """What the worker's Describe says keeps it from serving (empty: nothing)."""
     draining: bool = False
     epoch: int = 0
 
@@ -162,9 +165,14 @@ class _Hop:
     long_requests: int = 0
     long_demand_s: float = 0.0
     reused: dict[int, float] = field(default_factory=dict)
-    placed: list[tuple[Request, int]] = field(default_factory=list)
-    """The first placements (request, cached tokens counted on), for the local
-    controller's what-if check."""
+    placed: list[tuple[Request, int, int, float]] = field(default_factory=list)
+    """The first placements (request, cached tokens counted on, worker, Ê), for the
+    local controller's what-if check and capacity samples."""
+    completed: list[tuple[int, float]] = field(default_factory=list)
+    """(request id, TTFT) of the requests served, for the local controller's
+    capacity samples."""
+    capacity: list[kappa.Part] = field(default_factory=list)
+    """The replica's capacity sums, set when the hop is taken (operator-run pools)."""
 
 
 class Router:
@@ -205,6 +213,10 @@ class Router:
         self._held: deque[_Pending] = deque()
         self._hop = _Hop()
         self._last_hop: tuple[int, _Hop] | None = None
+        self._capacity = kappa.ReplicaBook()
+        """This replica's share of the capacity samples of an operator-run pool (the
+        local controller, if any, tracks its own)."""
+        self._slo = SloRule()
         self._tasks: list[asyncio.Task[None]] = []
         self._t0 = 0.0
         self._closing = False
@@ -518,11 +530,24 @@ class Router:
             hop = self._hop
             hop.demand_s += decision.estimate_s
             hop.requests += 1
-            if self.settings.controller is not None:
-                hop.placed.append((p.request, decision.cached_tokens))
-                if p.request.length > self.settings.controller.long_threshold:
-                    hop.long_requests += 1
-                    hop.long_demand_s += decision.estimate_s
+            control = self.settings.controller
+            long = control.long_threshold if control else self.settings.long_threshold
+            if p.request.length > long:
+                hop.long_requests += 1
+                hop.long_demand_s += decision.estimate_s
+            if control is not None:
+                hop.placed.append(
+                    (p.request, decision.cached_tokens, decision.worker, decision.estimate_s)
+                )
+            else:
+                degree = self.workers[decision.worker].address.slot.degree
+                self._capacity.placed(
+                    p.request.id,
+                    degree,
+                    decision.estimate_s,
+                    p.request.length,
+                    self._slo.tau(self.model, p.request.length, degree),
+                )
         w = self.workers[decision.worker]
         w.queue.append(p)
         w.idle.clear()
@@ -618,6 +643,10 @@ class Router:
             self.metrics.completed(
                 result, w.address.slot.degree, reply.cached_tokens, len(p.tokens), p.slo_s
             )
+            if self.settings.controller is not None:
+                self._hop.completed.append((p.request.id, ended - p.received))
+            else:
+                self._capacity.completed(p.request.id, ended - p.received)
         self._after_run(worker)
 
     def _after_run(self, worker: int) -> None:
@@ -715,9 +744,15 @@ class Router:
             except grpc.aio.AioRpcError:
                 await asyncio.sleep(self.settings.worker_retry_s)
                 continue
-            if d.worker == worker:
+            if d.worker == worker and not d.failure:
+                w.failure = ""
                 self._reachability(worker, False)
                 return
+            if d.failure and d.failure != w.failure:
+                # It answers, but cannot serve (a crashed SGLang server): stay away
+                # until an Epoch replaces it.
+                w.failure = d.failure
+                _log.warning("worker %d reports a failure: %s", worker, d.failure)
             await asyncio.sleep(self.settings.worker_retry_s)
 
     def _withdraw_queue(self, worker: int) -> None:
@@ -860,6 +895,7 @@ class Router:
             report = self._last_hop[1]
         else:
             report, self._hop = self._hop, _Hop()
+            report.capacity = self._capacity.take(hop)
             self._last_hop = (hop, report)
         assert self.core is not None
         return hop, report, self.core.running_remaining(self.now()), self._reconfiguring()
@@ -884,13 +920,18 @@ class Router:
             _, hop, running, busy = self.take_window(hop_n)
             windows = self.controller.windows
             windows.add(hop.demand_s, hop.requests, hop.long_requests, hop.long_demand_s)
-            for request, cached in hop.placed:
+            for request, cached, worker, estimate_s in hop.placed:
                 windows.seen(request, cached)
+                self.controller.track(request, worker, estimate_s)
+            for request_id, ttft_s in hop.completed:
+                self.controller.completed(request_id, ttft_s)
             for worker, blocks in hop.reused.items():
                 windows.reused(worker, blocks)
             t0 = time.perf_counter()
             tick = self.controller.tick(running, busy)
             self.metrics.controller_seconds(time.perf_counter() - t0)
+            if tick is not None and tick.kappa is not None:
+                self.metrics.kappa(tick.kappa)
             if tick is not None and tick.whatif is not None:
                 self.metrics.whatif_verdict(tick.whatif.verdict)
                 _log.debug("controller what-if: %s", tick.whatif.to_dict())
@@ -1015,7 +1056,8 @@ class Router:
         started = time.perf_counter()
         try:
             reply = await self.endpoints.stub(engine.address).Epoch(
-                grouping_request(action.epoch, action.grouping), timeout=60.0
+                grouping_request(action.epoch, action.grouping),
+                timeout=self.settings.switch_timeout_s,
             )
         except grpc.aio.AioRpcError as e:
             raise RouterError(

@@ -208,6 +208,18 @@ class AdminServicer(pool_pb2_grpc.AdminServicer):
                 for w, rest in sorted(running.items())
             ],
             reconfiguring=busy,
+            capacity=[
+                pool_pb2.CapacityPart(
+                    hop=c.hop,
+                    degree=c.degree,
+                    demand_seconds=c.demand_s,
+                    requests=c.requests,
+                    done=c.done,
+                    tokens=c.tokens,
+                    met_tokens=c.met_tokens,
+                )
+                for c in report.capacity
+            ],
         )
 
 

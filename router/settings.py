@@ -36,6 +36,10 @@ class RouterSettings:
     """The composition controller, when this router runs one itself (``vertumnus
     up``); None: the composition changes only when asked (Admin.Reconfigure), or
     through ``external_controller``."""
+    long_threshold: int = PlannerSettings().long_threshold
+    """Without a controller of its own: a request longer than this many tokens counts
+    as long in the windows the router reports (the operator's controller reads the
+    long share from them). A local controller counts with its own ``long_threshold``."""
     external_controller: bool = False
     """An external controller (the operator) runs this pool's transitions, step by
     step through Admin.Drain and Admin.Switch; Admin.Reconfigure is then refused
@@ -59,6 +63,11 @@ class RouterSettings:
     time). The placement does not change: the request was placed there already."""
     max_attempts: int = 3
     """Placements of one request (the first and the ones after worker failures)."""
+    switch_timeout_s: float = 60.0
+    """Seconds an engine has to regroup its workers on an ``Epoch`` (a split's or a
+    merge's switch). The torch engine regroups its process groups in seconds; an
+    SGLang engine restarts the changed servers, which load the weights again from
+    the node's disk: a router.json with ``engine.kind: sglang`` gets 900 s."""
     drain_timeout_s: float = 300.0
     """Longest a drain waits for the running prefill of a worker."""
     worker_retry_s: float = 0.5
@@ -98,6 +107,7 @@ class RouterSettings:
             "attempt_timeout_factor",
             "attempt_timeout_floor_s",
             "drain_timeout_s",
+            "switch_timeout_s",
             "worker_retry_s",
             "worker_forget_s",
             "load_share_interval_s",

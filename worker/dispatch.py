@@ -65,6 +65,9 @@ class WorkerRunner:
         self._busy = False
         self._stopped = False
         self.draining = False
+        self.failure: str | None = None
+        """Why the worker cannot serve (never set here: a torch worker fails with its
+        engine process; the SGLang adapter's workers set theirs)."""
         self._thread = threading.Thread(
             target=self._loop, name=f"worker-{slot.worker}", daemon=True
         )

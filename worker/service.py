@@ -258,6 +258,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             vocab_size=engine.vocab_size,
             world=engine.world,
             cache_blocks=engine.cache_blocks_per_rank * w.slot.degree,
+            failure=w.failure or "",
         )
 
 

@@ -45,6 +45,7 @@ def feed(controller: Controller, window: Window, layout: Layout, in_flight: bool
     controller.windows.add(
         window.demand_s, window.requests, window.long_requests, window.long_demand_s
     )
+    controller.capacity_reported(window.capacity, window.hop)
     for worker, blocks in window.reused_blocks.items():
         controller.windows.reused(worker, blocks)
     running = running_of(layout, window.running_remaining_s)

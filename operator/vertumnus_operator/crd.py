@@ -100,6 +100,7 @@ class ControllerSpec:
     merge_admit: float = 0.8
     persist_windows: int = 2
     drain_timeout_seconds: int = 60
+    learn_capacity: bool = False
 
     @property
     def hop(self) -> int:
@@ -179,10 +180,14 @@ class PoolSpec:
         return planner.PlannerSettings(
             window_s=float(c.window_seconds),
             hop_s=float(c.hop_seconds),
+            # The operator evaluates every hopSeconds (or windowSeconds) itself, and
+            # its controller has no what-if check to look between windows.
+            check_hops=1,
             upper=c.upper,
             lower=c.lower,
             merge_admit=c.merge_admit,
             persist_windows=c.persist_windows,
+            learn_capacity=c.learn_capacity,
             domain_size=self.gpus_per_domain,
             degrees=self.degrees,
         )
@@ -413,6 +418,7 @@ def parse_spec(
         merge_admit=_float(c, "mergeAdmit", cp, 0.8, lo=0.0, lo_open=True),
         persist_windows=_int(c, "persistWindows", cp, 2, 1, 1000),
         drain_timeout_seconds=_int(c, "drainTimeoutSeconds", cp, 60, 1, 3600),
+        learn_capacity=_bool(c, "learnCapacity", cp, False),
     )
     if not controller.lower < controller.upper:
         raise SpecError(f"{cp}.lower", "lower must be < upper")

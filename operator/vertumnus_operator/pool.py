@@ -33,6 +33,7 @@ from vertumnus.core import planner
 from vertumnus.core import transition as tr
 from vertumnus.core.control import Controller
 from vertumnus.core.lattice import Layout, layout_for
+from vertumnus.core.transition import SWITCH_TIMEOUT_S
 from vertumnus.operator import resources as res
 from vertumnus.operator.crd import (
     DEFAULT_REDIS_IMAGE,
@@ -364,6 +365,7 @@ class PoolRuntime:
             self.reconciler.annotate,
             controller=controller,
             drain_timeout_s=float(spec.controller.drain_timeout_seconds),
+            switch_timeout_s=SWITCH_TIMEOUT_S[spec.engine.kind],
         )
         if not raw:
             await self.runner.checkpoint()  # the initial layout is recorded before any pod exists

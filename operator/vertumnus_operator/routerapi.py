@@ -26,6 +26,7 @@ import grpc
 from grpc import aio
 
 from vertumnus._proto import pool_pb2, pool_pb2_grpc
+from vertumnus.core import kappa
 from vertumnus.core import transition as tr
 
 __all__ = ["AdminError", "RouterAdmin", "Window"]
@@ -53,6 +54,8 @@ class Window:
     reused_blocks: dict[int, float] = field(default_factory=dict)
     reconfiguring: bool = False
     replicas: int = 0
+    capacity: list[kappa.Part] = field(default_factory=list)
+    """Every replica's capacity sums (the controller's sample book adds them up)."""
 
 
 class RouterAdmin:
@@ -100,6 +103,12 @@ class RouterAdmin:
                 w.reused_blocks[load.worker] = (
                     w.reused_blocks.get(load.worker, 0.0) + load.reused_blocks
                 )
+            w.capacity += [
+                kappa.Part(
+                    c.hop, c.degree, c.demand_seconds, c.requests, c.done, c.tokens, c.met_tokens
+                )
+                for c in r.capacity
+            ]
         return w
 
     async def drain(self, worker: int, timeout_s: float) -> bool:
@@ -108,8 +117,9 @@ class RouterAdmin:
         replies = await self._all("Drain", req, timeout_s + self.timeout_s)
         return all(isinstance(r, pool_pb2.DrainResponse) and r.drained for r in replies)
 
-    async def switch(self, action: tr.Switch, kind: str) -> float:
-        """Send ``action`` to every replica; the longest switch time any reported."""
+    async def switch(self, action: tr.Switch, kind: str, engine_timeout_s: float = 60.0) -> float:
+        """Send ``action`` to every replica; the longest switch time any reported. The
+        replicas wait up to ``engine_timeout_s`` for the engine's regroup."""
         req = pool_pb2.SwitchRequest(
             epoch=action.epoch,
             domain=action.domain,
@@ -120,7 +130,7 @@ class RouterAdmin:
             removed=list(action.removed),
             kind=kind,
         )
-        replies = await self._all("Switch", req, self.timeout_s)
+        replies = await self._all("Switch", req, engine_timeout_s + self.timeout_s)
         return max(
             (r.switch_seconds for r in replies if isinstance(r, pool_pb2.SwitchResponse)),
             default=0.0,

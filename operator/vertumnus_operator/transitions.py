@@ -53,7 +53,7 @@ class Admin(Protocol):
 
     async def drain(self, worker: int, timeout_s: float) -> bool: ...
 
-    async def switch(self, action: tr.Switch, kind: str) -> float: ...
+    async def switch(self, action: tr.Switch, kind: str, engine_timeout_s: float) -> float: ...
 
 
 Annotator = Callable[[int, Sequence[Slot], int], Awaitable[None]]
@@ -75,6 +75,7 @@ class TransitionRunner:
         *,
         controller: Controller | None = None,
         drain_timeout_s: float = 60.0,
+        switch_timeout_s: float = 60.0,
         retry_s: float = 1.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -85,6 +86,8 @@ class TransitionRunner:
         self.annotate = annotate
         self.controller = controller
         self.drain_timeout_s = drain_timeout_s
+        self.switch_timeout_s = switch_timeout_s
+        """The router's own deadline for the engine's regroup (its ``switch_timeout_s``)."""
         self.retry_s = retry_s
         self.clock = clock
         self.lock = asyncio.Lock()
@@ -280,7 +283,7 @@ class TransitionRunner:
         t = self.record.pool.transition(action.transition)
         while True:
             try:
-                await self.admin_for().switch(action, t.kind)
+                await self.admin_for().switch(action, t.kind, self.switch_timeout_s)
                 break
             except AdminError as e:
                 if e.code in ("INVALID_ARGUMENT", "NOT_FOUND"):

@@ -60,7 +60,9 @@ def test_a_domain_already_at_its_share_is_left_alone():
 def test_feeding_sums_a_window_into_the_controller():
     cap = load_capacity("qwen3-30b-a3b/h200")
     layout = layout_for(Composition.parse("2xCP8"), 8)
-    c = Controller(planner.initial_state(layout), cap, planner.PlannerSettings(window_s=1.0))
+    c = Controller(
+        planner.initial_state(layout), cap, planner.PlannerSettings(window_s=1.0, check_hops=1)
+    )
     w = Window(
         hop=1,
         demand_s=3.0,

@@ -73,6 +73,7 @@ _CAMEL = {
     "mergeAdmit": "merge_admit",
     "persistWindows": "persist_windows",
     "drainTimeoutSeconds": "drain_timeout_seconds",
+    "learnCapacity": "learn_capacity",
     "thetaInter": "theta_inter",
     "thetaIntra": "theta_intra",
     "thetaReclaim": "theta_reclaim",

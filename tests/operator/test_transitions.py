@@ -156,7 +156,7 @@ def test_a_restart_at_any_recorded_phase_completes_exactly_once(router, crash_af
 
 def test_the_controller_splits_under_load_and_merges_back(router):
     layout = _layout("2xCP8")
-    settings = planner.PlannerSettings(window_s=1.0, domain_size=8, degrees=(4, 8))
+    settings = planner.PlannerSettings(window_s=1.0, domain_size=8, degrees=(4, 8), check_hops=1)
     controller = Controller(planner.initial_state(layout), CAPACITY, settings)
     record, store = _fresh("2xCP8")
     router.set_layout([(s.worker, s.degree, s.domain, s.offset) for s in layout.slots])
@@ -218,7 +218,7 @@ def test_an_operation_by_hand_restarts_the_planner_from_the_new_layout(router):
     controller = Controller(
         planner.initial_state(layout),
         CAPACITY,
-        planner.PlannerSettings(window_s=1.0, domain_size=8, degrees=(4, 8)),
+        planner.PlannerSettings(window_s=1.0, domain_size=8, degrees=(4, 8), check_hops=1),
     )
     record, store = _fresh("2xCP8")
     router.set_layout([(s.worker, s.degree, s.domain, s.offset) for s in layout.slots])

@@ -119,11 +119,21 @@ def test_the_informational_keys_change_nothing():
     base = parse_router_config(doc)
     doc["namespace"] = "elsewhere"
     doc["model"].update(name="other", path="/x")
-    doc["engine"].update(kind="sglang", blockSize=64, maxTokens=1)
+    doc["engine"].update(blockSize=64, maxTokens=1)
     doc["domainSize"] = 4
     doc["controller"].update(windowSeconds=5, hopSeconds=1)
     doc["engines"][0]["pod"] = "renamed"
     assert parse_router_config(doc) == base
+
+
+def test_the_engine_kind_sets_how_long_a_regroup_may_take():
+    doc = _doc()
+    assert parse_router_config(doc).settings.switch_timeout_s == 60.0  # torch
+    doc["engine"]["kind"] = "sglang"  # restarts servers: the weights load again
+    assert parse_router_config(doc).settings.switch_timeout_s == 900.0
+    doc["engine"]["kind"] = "vllm"
+    with pytest.raises(ConfigError, match=r"^engine\.kind must be one of \['sglang', 'torch'\]"):
+        parse_router_config(doc)
 
 
 # -- the file alone ------------------------------------------------------------------

@@ -335,8 +335,10 @@ def test_a_crashed_server_is_reported_with_its_exit_and_output_not_restarted(pod
     message = e.value.details()
     assert "worker 1 (CP1, GPU 1) is failed" in message and "exited with code 7" in message
     assert "stand-in crash on demand" in message  # the tail of its output
-    assert p.stub(1).Describe(worker_pb2.DescribeRequest(), timeout=5).draining
+    described = p.stub(1).Describe(worker_pb2.DescribeRequest(), timeout=5)
+    assert described.draining and "exited with code 7" in described.failure
     assert "exited with code 7" in p.engine.worker(1).failure
+    assert p.stub(0).Describe(worker_pb2.DescribeRequest(), timeout=5).failure == ""
     # Its stream says the cache is gone; nothing restarted it.
     events = p.events(1, lambda es: es[-1].kind == KINDS.CLEARED)
     assert events[-1].kind == KINDS.CLEARED
@@ -348,6 +350,7 @@ def test_a_crashed_server_is_reported_with_its_exit_and_output_not_restarted(pod
     p.epoch(2, (0, 1, 0), (5, 1, 1))
     assert p.health(1) == health_pb2.HealthCheckResponse.SERVING
     assert p.prefill(1, tokens(40, 5)).cached_tokens == 0
+    assert p.stub(1).Describe(worker_pb2.DescribeRequest(), timeout=5).failure == ""
 
 
 def test_a_server_that_does_not_start_is_named_with_its_exit_code(tmp_path, monkeypatch):

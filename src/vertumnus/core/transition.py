@@ -39,6 +39,7 @@ from vertumnus.core.lattice import Layout, Slot, merge_slots, split_slot
 from vertumnus.core.planner import Op, Split
 
 __all__ = [
+    "SWITCH_TIMEOUT_S",
     "Action",
     "Commit",
     "Drain",
@@ -130,6 +131,13 @@ class Drain:
 
     transition: int
     workers: tuple[int, ...]
+
+
+SWITCH_TIMEOUT_S = {"": 60.0, "torch": 60.0, "sglang": 900.0}
+"""Seconds an engine of each kind gets to carry out a :class:`Switch` (its ``Epoch``):
+the torch engine regroups its process groups in seconds; an SGLang engine restarts
+the changed servers, which load the weights again from the node's disk or page
+cache (minutes for a large model). "" is an engine of unknown kind."""
 
 
 @dataclass(frozen=True, slots=True)
