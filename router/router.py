@@ -698,6 +698,9 @@ class Router:
             grpc.StatusCode.UNAVAILABLE,
             grpc.StatusCode.DEADLINE_EXCEEDED,
             grpc.StatusCode.UNKNOWN,
+            # Draining, regrouped behind this router's back, or failed (an SGLang
+            # server that exited): out until its Describe says it serves again.
+            grpc.StatusCode.FAILED_PRECONDITION,
         ):
             self._mark_unreachable(worker)
         if (
@@ -732,7 +735,8 @@ class Router:
         self._withdraw_queue(worker)
 
     async def _probe(self, worker: int) -> None:
-        """Ask an unreachable worker who it is until it answers, then admit again."""
+        """Ask an unreachable worker who it is until it answers as itself, serving (not
+        draining, no failure), then admit again."""
         while True:
             w = self.workers.get(worker)
             if w is None or not w.unreachable:
@@ -744,7 +748,7 @@ class Router:
             except grpc.aio.AioRpcError:
                 await asyncio.sleep(self.settings.worker_retry_s)
                 continue
-            if d.worker == worker and not d.failure:
+            if d.worker == worker and not d.failure and not d.draining:
                 w.failure = ""
                 self._reachability(worker, False)
                 return

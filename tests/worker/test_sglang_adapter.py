@@ -353,6 +353,60 @@ def test_a_crashed_server_is_reported_with_its_exit_and_output_not_restarted(pod
     assert p.stub(1).Describe(worker_pb2.DescribeRequest(), timeout=5).failure == ""
 
 
+def test_the_router_takes_a_worker_whose_server_failed_out_of_placement(pod):
+    """A real router over the adapter: once a server exits, the first request that
+    meets its worker (FAILED_PRECONDITION) makes the router ask Describe, read the
+    failure and stop placing there; every request is answered by the other worker."""
+    import asyncio
+
+    from vertumnus._proto import pool_pb2, pool_pb2_grpc
+    from vertumnus.router.serve import start_router
+    from vertumnus.router.settings import RouterSettings
+
+    p = pod([1, 1])
+
+    async def scenario():  # type: ignore[no-untyped-def]
+        settings = RouterSettings(
+            listen=f"127.0.0.1:{free_ports(1)}", metrics_listen="", cache_manager=None
+        )
+        running = await start_router(settings, [p.server.address(0)])
+        try:
+            async with grpc.aio.insecure_channel(running.address) as ch:
+                stub = pool_pb2_grpc.PrefillStub(ch)
+
+                async def send(i: int):  # type: ignore[no-untyped-def]
+                    return await stub.Prefill(
+                        pool_pb2.PrefillRequest(request_id=f"r{i}", token_ids=tokens(40, i)),
+                        timeout=30,
+                    )
+
+                # Concurrent, so that placement uses both workers.
+                before = await asyncio.gather(*(send(i) for i in range(6)))
+                with contextlib.suppress(OSError):
+                    p.http(1, "/standin/control", {"crash": 7})
+                await asyncio.to_thread(
+                    wait_for, lambda: p.health(1) == health_pb2.HealthCheckResponse.NOT_SERVING
+                )
+                after = await asyncio.gather(*(send(100 + i) for i in range(12)))
+                await asyncio.sleep(0.5)  # a few probe intervals: it must stay out
+                later = await asyncio.gather(*(send(200 + i) for i in range(12)))
+            w1 = running.router.workers[1]
+            return before, after, later, w1.unreachable, w1.failure
+        finally:
+            await running.stop()
+
+    before, after, later, unreachable, failure = asyncio.run(scenario())
+    assert {r.worker for r in before} == {0, 1}  # both served before the crash
+    # The burst that meets the failure: what was already forwarded to worker 1 pays a
+    # second attempt, and everything is answered by worker 0.
+    assert all(r.worker == 0 for r in after)
+    # Afterwards the worker stays out (its Describe reports the failure): no request
+    # tries it again. Before, a failed worker was re-admitted by the probe and about
+    # half of every burst paid a failed attempt there.
+    assert all(r.worker == 0 and r.attempts == 1 for r in later)
+    assert unreachable and "exited with code 7" in failure
+
+
 def test_a_server_that_does_not_start_is_named_with_its_exit_code(tmp_path, monkeypatch):
     monkeypatch.setenv("STANDIN_EXIT_AT_START", "4")
     with pytest.raises(ServerDown) as e:
