@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from vertumnus.core.lattice import Slot
 
@@ -120,8 +120,56 @@ class _Regroupable(Protocol):
 
     def describe(self) -> str: ...
 
+    def drain(self) -> None: ...
+
+    def resume(self) -> None: ...
+
 
 _W = TypeVar("_W", bound=_Regroupable)
+
+
+class WorkerTable(Generic[_W]):
+    """The current epoch's workers by id and by rank, and the lookups the gRPC service
+    makes: the same in every engine (this one, the SGLang adapter)."""
+
+    world: int
+    epoch: int
+    workers: dict[int, _W]
+    """By worker id."""
+    _by_rank: dict[int, _W]
+    """Every rank → its worker."""
+    _whole = "rank engine"
+    """What the ranks are ranks of, for messages (``8-rank engine``)."""
+
+    def grouping(self) -> list[Slot]:
+        """The current workers, by first rank."""
+        return sorted((w.slot for w in self.workers.values()), key=lambda s: s.offset)
+
+    def worker(self, worker: int) -> _W:
+        w = self.workers.get(worker)
+        if w is None:
+            raise NotReady(
+                f"no worker {worker} in epoch {self.epoch}; workers: {format_grouping(self.grouping())}"
+            )
+        return w
+
+    def worker_at(self, rank: int) -> _W | None:
+        """The worker whose first rank is ``rank`` (the one rank ``rank``'s endpoint serves)."""
+        w = self._by_rank.get(rank)
+        return w if w is not None and w.slot.offset == rank else None
+
+    def worker_of(self, rank: int) -> _W:
+        """The worker ``rank`` belongs to in the current epoch."""
+        w = self._by_rank.get(rank)
+        if w is None:
+            raise NotReady(f"rank {rank} is not in this {self.world}-{self._whole}")
+        return w
+
+    def drain(self, worker: int) -> None:
+        self.worker(worker).drain()
+
+    def resume(self, worker: int) -> None:
+        self.worker(worker).resume()
 
 
 def regroup_plan(
@@ -153,7 +201,7 @@ def _incarnation() -> int:
     return secrets.randbits(64) or 1  # 0 means "not given" on the wire
 
 
-class Engine:
+class Engine(WorkerTable[WorkerRunner]):
     """CP workers over a pool of ``world`` rank processes; see the module docstring.
 
     ``grouping`` is the first epoch's workers: Slots (pool-level ids, domain 0,
@@ -180,9 +228,10 @@ class Engine:
         self.incarnation = _incarnation()
         self._control = threading.Lock()  # one epoch switch or copy plan at a time
         self.epoch = 0
-        self.workers: dict[int, WorkerRunner] = {}  # by worker id
-        self._by_rank: dict[int, WorkerRunner] = {}  # every rank -> its worker
+        self.workers = {}
+        self._by_rank = {}
         self.pool = RankPool(world, self.spec, on_events=self._publish)
+        self.world = self.pool.world
         self.vocab_size: int = self.pool.info[0]["vocab_size"]
         self.block_bytes: int = self.pool.info[0]["block_bytes"]
         self.cache_blocks_per_rank: int = self.pool.info[0]["num_blocks"]
@@ -194,38 +243,8 @@ class Engine:
             raise
 
     @property
-    def world(self) -> int:
-        return self.pool.world
-
-    @property
     def block_size(self) -> int:
         return self.spec.block_size
-
-    def grouping(self) -> list[Slot]:
-        """The current workers, by first rank."""
-        return sorted((w.slot for w in self.workers.values()), key=lambda s: s.offset)
-
-    # -- workers -----------------------------------------------------------------
-
-    def worker(self, worker: int) -> WorkerRunner:
-        w = self.workers.get(worker)
-        if w is None:
-            raise NotReady(
-                f"no worker {worker} in epoch {self.epoch}; workers: {format_grouping(self.grouping())}"
-            )
-        return w
-
-    def worker_at(self, rank: int) -> WorkerRunner | None:
-        """The worker whose first rank is ``rank`` (the one rank ``rank``'s endpoint serves)."""
-        w = self._by_rank.get(rank)
-        return w if w is not None and w.slot.offset == rank else None
-
-    def worker_of(self, rank: int) -> WorkerRunner:
-        """The worker ``rank`` belongs to in the current epoch."""
-        w = self._by_rank.get(rank)
-        if w is None:
-            raise NotReady(f"rank {rank} is not in this {self.world}-rank engine")
-        return w
 
     @contextmanager
     def _holding(self, *workers: int) -> Iterator[list[WorkerRunner]]:
@@ -278,12 +297,6 @@ class Engine:
         return self.submit(
             worker, request_id, tokens, use_cache=use_cache, return_hidden=return_hidden
         ).result()
-
-    def drain(self, worker: int) -> None:
-        self.worker(worker).drain()
-
-    def resume(self, worker: int) -> None:
-        self.worker(worker).resume()
 
     # -- regrouping ----------------------------------------------------------------
 

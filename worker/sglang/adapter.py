@@ -72,8 +72,8 @@ from ..engine import (
     BlockListing,
     CopyReport,
     SwitchReport,
+    WorkerTable,
     _incarnation,
-    format_grouping,
     regroup_plan,
 )
 from ..errors import InvalidRequest, NotReady
@@ -154,13 +154,15 @@ def _each(fn: Callable[[T], R], items: Sequence[T]) -> list[R | BaseException]:
         return list(pool.map(run, items))
 
 
-class SglangEngine:
+class SglangEngine(WorkerTable[SglangWorker]):
     """A domain pod's SGLang servers as CP workers; see the module docstring.
 
     Starts the first grouping's servers and waits until all are healthy; raises
     :class:`~.server.ServerDown` naming every one that did not come up (after
     stopping the others), ValueError for a bad grouping or model.
     """
+
+    _whole = "GPU pod"
 
     def __init__(
         self,
@@ -186,8 +188,8 @@ class SglangEngine:
         """Called when a worker's admission changes on its own (a crash): the gRPC
         server's health refresh."""
         self.epoch = 0
-        self.workers: dict[int, SglangWorker] = {}
-        self._by_rank: dict[int, SglangWorker] = {}
+        self.workers = {}
+        self._by_rank = {}
         self._control = threading.Lock()
         self.restarts: list[RestartReport] = []
         self.copies_refused = 0
@@ -209,32 +211,8 @@ class SglangEngine:
     def max_tokens(self) -> int:
         return self.settings.max_tokens
 
-    def grouping(self) -> list[Slot]:
-        return sorted((w.slot for w in self.workers.values()), key=lambda s: s.offset)
-
     def _say(self, text: str) -> None:
         print(f"vertumnus sglang adapter: {text}", file=self.log, flush=True)
-
-    # -- workers (the lookups service.py makes) -----------------------------------------
-
-    def worker(self, worker: int) -> SglangWorker:
-        w = self.workers.get(worker)
-        if w is None:
-            raise NotReady(
-                f"no worker {worker} in epoch {self.epoch}; workers: {format_grouping(self.grouping())}"
-            )
-        return w
-
-    def worker_at(self, rank: int) -> SglangWorker | None:
-        """The worker whose first GPU is ``rank`` (the one rank ``rank``'s endpoint serves)."""
-        w = self._by_rank.get(rank)
-        return w if w is not None and w.slot.offset == rank else None
-
-    def worker_of(self, rank: int) -> SglangWorker:
-        w = self._by_rank.get(rank)
-        if w is None:
-            raise NotReady(f"rank {rank} is not in this {self.world}-GPU pod")
-        return w
 
     # -- requests ------------------------------------------------------------------------
 
@@ -253,12 +231,6 @@ class SglangEngine:
                 f"request {request_id!r}: token id {bad} outside the vocabulary [0, {self.vocab_size})"
             )
         return self.worker(worker).prefill(request_id, ids)
-
-    def drain(self, worker: int) -> None:
-        self.worker(worker).drain()
-
-    def resume(self, worker: int) -> None:
-        self.worker(worker).resume()
 
     # -- blocks --------------------------------------------------------------------------
 
