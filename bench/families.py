@@ -108,6 +108,14 @@ def workload(family: str, load: str) -> tuple[Trace, float]:
     return trace, scale
 
 
+def adaptive_options(trace: Trace, control: planner.PlannerSettings) -> AdaptiveOptions:
+    """The adaptive pool of a cell. History: the first quarter of the run (at most
+    600 s), so that the initial composition never sees the workload it is judged on
+    whole."""
+    history_s = min(600.0, trace.duration_s / 4)
+    return AdaptiveOptions(gpus=GPUS, control=control, history_s=history_s)
+
+
 def run_cell(family: str, load: str, planner_text: str) -> dict[str, Any]:
     """Adaptive and every fixed lattice composition on one (family, load)."""
     trace, scale = workload(family, load)
@@ -115,10 +123,8 @@ def run_cell(family: str, load: str, planner_text: str) -> dict[str, Any]:
     control = parse_planner_settings(planner_text)
     runs: dict[str, Any] = {}
     t0 = time.perf_counter()
-    # History: the first quarter of the run (at most 600 s), so that the
-    # initial composition never sees the workload it is judged on whole.
-    history_s = min(600.0, trace.duration_s / 4)
-    options = AdaptiveOptions(gpus=GPUS, control=control, history_s=history_s)
+    options = adaptive_options(trace, control)
+    history_s = options.history_s
     sim = build_adaptive(trace, model, options)
     res = sim.run(trace.requests)
     s = summarize(res.completions)

@@ -34,7 +34,7 @@ import families  # noqa: E402  (the families and their cells, shared with bench/
 from vertumnus.core import planner  # noqa: E402
 from vertumnus.profiles import load_capacity, load_model  # noqa: E402
 from vertumnus.sim.capacity import profile_degree  # noqa: E402
-from vertumnus.sim.reconfig import AdaptiveOptions, build_adaptive  # noqa: E402
+from vertumnus.sim.reconfig import build_adaptive  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "adaptive_kappa.json"
 DEGREES = (4, 8)
@@ -53,11 +53,7 @@ def main() -> int:
         online = {}
         for load in families.LOADS:
             trace, _ = families.workload(family, load)
-            options = AdaptiveOptions(
-                gpus=families.GPUS,
-                control=planner.PlannerSettings(learn_capacity=True),
-                history_s=min(600.0, trace.duration_s / 4),
-            )
+            options = families.adaptive_options(trace, planner.PlannerSettings(learn_capacity=True))
             sim = build_adaptive(trace, model, options)
             sim.run(trace.requests)
             ctl = sim.attachments["controller"].controller

@@ -414,26 +414,26 @@ def test_between_windows_the_check_alone_looks_and_only_a_decisive_gain_moves(mo
     # Three hops fill the first window; then the rules speak every fourth hop only.
     assert decided == [None, None, None, 1, 0, 0, 0, 1]
 
-    # The check between windows: a burst worth >= whatif_decisive moves at once...
+    # The check between windows: four quiet hops fill the first window, then a burst
+    # arrives in the fifth hop, an evaluation between two windows' ends.
     huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
     ps = settings(check_hops=4, persist_windows=2, min_requests=4)
-    fast = Controller(planner.initial_state(layout), huge, ps, model)
-    verdicts = []
-    for hop in range(5):
-        if hop == 4:
-            feed(fast, [(20.0, 100)] + [(21.0, 6000)] * 6)
-        else:
-            fast.windows.placed(Request(100 + hop, 5.0 * hop, 100, (200 + hop,)), 1.0, 0)
-        tick = fast.tick({0: 0.0}, reconfiguring=False)
-        verdicts.append(None if tick is None or tick.whatif is None else tick.whatif.verdict)
-    assert verdicts[-1] == "trigger" and tick is not None and tick.target == "2xCP4"
+
+    def burst_between_windows(ps: planner.PlannerSettings):  # type: ignore[no-untyped-def]
+        ctl = Controller(planner.initial_state(layout), huge, ps, model)
+        for hop in range(5):
+            if hop == 4:
+                feed(ctl, [(20.0, 100)] + [(21.0, 6000)] * 6)
+            else:
+                ctl.windows.placed(Request(100 + hop, 5.0 * hop, 100, (200 + hop,)), 1.0, 0)
+            tick = ctl.tick({0: 0.0}, reconfiguring=False)
+        return tick
+
+    # A burst worth >= whatif_decisive moves at once...
+    tick = burst_between_windows(ps)
+    assert tick is not None and tick.whatif is not None
+    assert tick.whatif.verdict == "trigger" and tick.target == "2xCP4"
     # ... a smaller one waits for the windows' end, where persistence is counted.
-    slow = Controller(planner.initial_state(layout), huge, replace(ps, whatif_decisive=1.0), model)
-    for hop in range(5):
-        if hop == 4:
-            feed(slow, [(20.0, 100)] + [(21.0, 6000)] * 6)
-        else:
-            slow.windows.placed(Request(100 + hop, 5.0 * hop, 100, (200 + hop,)), 1.0, 0)
-        tick = slow.tick({0: 0.0}, reconfiguring=False)
+    tick = burst_between_windows(replace(ps, whatif_decisive=1.0))
     assert tick is not None and tick.whatif is not None
     assert tick.whatif.verdict == "wait" and tick.ops == ()
