@@ -164,9 +164,13 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
     if args.no_share_load:
         changes["share_load"] = False
     if args.controller:
+        import os
+
         from vertumnus.core.planner import PlannerSettings
 
-        changes["controller"] = PlannerSettings()
+        # The what-if check replays a large window's candidates on two threads
+        # where the host has the cores (the estimates are the same either way).
+        changes["controller"] = PlannerSettings(whatif_threads=min(2, os.cpu_count() or 1))
     engines = tuple(args.engine) if args.engine else base.engines
     if not engines:
         raise ValueError(

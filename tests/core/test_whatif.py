@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from vertumnus.core import planner, whatif
-from vertumnus.core.control import Controller, initial_composition
+from vertumnus.core.control import Controller, history_requests, initial_composition
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.placement import PlacementParams
 from vertumnus.core.types import Composition, Request
 from vertumnus.profiles import load_model
+from vertumnus.sim.synthetic import SyntheticConfig, generate
 
 BS = 512
 FIXED_BETA = PlacementParams(beta=1.0, lam=0.0, beta_busy=1.0)
@@ -395,6 +396,13 @@ def test_a_horizon_weighs_a_lasting_gain_against_a_one_off_transition(model):
         settings(whatif_horizon=0)
 
 
+def test_p90_is_numpys_percentile_bit_for_bit():
+    rng = np.random.default_rng(0)
+    for n in [*range(1, 60), 1000, 15409]:
+        for values in (rng.lognormal(0.0, 1.0, n), rng.integers(0, 4, n) * 0.1):
+            assert whatif.p90(values.copy()) == float(np.percentile(values, 90))
+
+
 def test_between_windows_the_check_alone_looks_and_only_a_decisive_gain_moves(model):
     # check_hops=4: a 20 s window evaluated every 5 s. The rules (κ tiny: they
     # always ask to split) read the disjoint windows only.
@@ -437,3 +445,25 @@ def test_between_windows_the_check_alone_looks_and_only_a_decisive_gain_moves(mo
     tick = burst_between_windows(replace(ps, whatif_decisive=1.0))
     assert tick is not None and tick.whatif is not None
     assert tick.whatif.verdict == "wait" and tick.ops == ()
+
+
+def test_replays_on_threads_give_the_same_check(model):
+    # 2,400 requests: enough for the check to use its threads (>= 2000).
+    trace = generate(SyntheticConfig(duration_s=20.0, mean_rate=120.0, peak_to_trough=1.0), seed=3)
+    assert len(trace) >= 2000
+    hist = history_requests(trace.requests, trace.block_size)
+    layout = planner.layout_for(Composition.parse("6xCP4+2xCP8"), 8)
+    kappa = planner.CapacityProfile({4: 0.46, 8: 0.63})
+    checks = []
+    for threads in (1, 2):
+        ps = settings(persist_windows=1, whatif_threads=threads)
+        ctl = Controller(planner.initial_state(layout), kappa, ps, model, None, trace.block_size)
+        for r, h in zip(trace.requests, hist, strict=True):
+            ctl.windows.placed(r, 0.01, h.cached_tokens)
+        tick = ctl.tick({s.worker: 0.1 * s.worker for s in layout.slots}, reconfiguring=False)
+        assert tick is not None and tick.whatif is not None
+        checks.append((tick.whatif.to_dict(), tick.ops))
+    assert checks[0] == checks[1]
+    assert len(checks[0][0]["candidates"]) >= 3
+    with pytest.raises(ValueError, match="whatif_threads"):
+        settings(whatif_threads=0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 from dataclasses import replace
 from typing import Any
 
@@ -300,7 +301,10 @@ def test_flags_given_override_the_file_and_the_rest_keep_it(router_json):
         5,
     )
     assert s.placement == PlacementParams(beta=2.0, beta_busy=3.0, lam=0.0)
-    assert s.cache_manager is None and s.controller == PlannerSettings()
+    assert s.cache_manager is None and s.controller is not None
+    # The controller's defaults, its what-if replays on up to two threads.
+    threads = min(2, os.cpu_count() or 1)
+    assert s.controller == PlannerSettings(whatif_threads=threads)
     assert s.index_source == "store" and everything.redis_url == "redis://elsewhere:1/0"
     # The file's password variable still names where the password is.
     assert everything.redis_password_env == "VERTUMNUS_REDIS_PASSWORD"

@@ -10,9 +10,15 @@
  * Contract: the TTFTs are *identical* to replay_py's -- same operations in
  * the same order, the same tie-breaks (the first minimum over the degrees'
  * least-loaded workers, then over the prefix's holders least recent first;
- * heaps ordered by (free time, worker)). tests/core/
- * test_whatif.py checks both on random tables. setup.py compiles this file
- * with -ffp-contract=off so that no fused multiply-add changes a bit.
+ * the least-loaded worker of a degree is the least (free time, worker)).
+ * tests/core/test_whatif.py checks both on random tables. setup.py compiles
+ * this file with -ffp-contract=off so that no fused multiply-add changes a bit.
+ *
+ * Where it differs in *how*, for speed (~30 % fewer instructions): a degree's
+ * workers are an indexed heap whose chosen worker sifts down in place (the
+ * Python twin pushes a new entry and drops stale ones lazily: the same top),
+ * and a request's holders are marked once per request instead of looked up
+ * once per degree.
  *
  * Pure: no I/O, no global state.
  */
@@ -42,7 +48,8 @@ heap_push(Heap *h, double t, Py_ssize_t w)
 {
     if (h->n == h->cap) {
         Py_ssize_t cap = h->cap ? 2 * h->cap : 16;
-        Entry *a = PyMem_Realloc(h->a, (size_t)cap * sizeof(Entry));
+        /* Raw: it runs without the GIL (the replay's loop releases it). */
+        Entry *a = PyMem_RawRealloc(h->a, (size_t)cap * sizeof(Entry));
         if (a == NULL)
             return -1;
         h->a = a;
@@ -79,6 +86,57 @@ heap_pop(Heap *h)
     }
     if (h->n > 0)
         h->a[i] = last;
+}
+
+
+/* Per degree an indexed min-heap of its workers keyed by (free time, worker):
+ * the top is the least-loaded worker; a worker's key only grows (it is given
+ * a request), so an update sifts it down from where it is. */
+typedef struct {
+    Py_ssize_t *w; /* heap order */
+    Py_ssize_t n;
+} WHeap;
+
+static inline int
+wless(const double *f, Py_ssize_t x, Py_ssize_t y)
+{
+    return f[x] < f[y] || (f[x] == f[y] && x < y);
+}
+
+static void
+wheap_sift_up(WHeap *h, Py_ssize_t *pos, const double *f, Py_ssize_t i)
+{
+    Py_ssize_t x = h->w[i];
+    while (i > 0) {
+        Py_ssize_t p = (i - 1) / 2;
+        if (!wless(f, x, h->w[p]))
+            break;
+        h->w[i] = h->w[p];
+        pos[h->w[i]] = i;
+        i = p;
+    }
+    h->w[i] = x;
+    pos[x] = i;
+}
+
+static void
+wheap_sift_down(WHeap *h, Py_ssize_t *pos, const double *f, Py_ssize_t i)
+{
+    Py_ssize_t x = h->w[i];
+    for (;;) {
+        Py_ssize_t c = 2 * i + 1;
+        if (c >= h->n)
+            break;
+        if (c + 1 < h->n && wless(f, h->w[c + 1], h->w[c]))
+            c++;
+        if (!wless(f, h->w[c], x))
+            break;
+        h->w[i] = h->w[c];
+        pos[h->w[i]] = i;
+        i = c;
+    }
+    h->w[i] = x;
+    pos[x] = i;
 }
 
 /* whatif.HOLDERS: the workers a prefix is kept at in the replay. */
@@ -118,7 +176,9 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_buffer arr = {0}, hit = {0}, miss = {0}, reused = {0}, cptr = {0}, cids = {0}, outb = {0};
     PyObject *result = NULL;
-    Heap *heaps = NULL, pending = {NULL, 0, 0};
+    WHeap *heaps = NULL;
+    Heap pending = {NULL, 0, 0};
+    Py_ssize_t *pos = NULL, *mark = NULL;
     Holders *holders = NULL;
     double *free_t = NULL, *last_start = NULL, *lam = NULL;
     Py_ssize_t *row_of = NULL;
@@ -160,7 +220,7 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(lam_seq);
         goto done;
     }
-    heaps = PyMem_Calloc((size_t)rows, sizeof(Heap));
+    heaps = PyMem_Calloc((size_t)rows, sizeof(WHeap));
     lam = PyMem_Calloc((size_t)rows, sizeof(double));
     if (heaps == NULL || lam == NULL) {
         PyErr_NoMemory();
@@ -183,9 +243,11 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     free_t = PyMem_Calloc((size_t)n_workers + 1, sizeof(double));
     last_start = PyMem_Calloc((size_t)n_workers + 1, sizeof(double));
     row_of = PyMem_Calloc((size_t)n_workers + 1, sizeof(Py_ssize_t));
+    pos = PyMem_Calloc((size_t)n_workers + 1, sizeof(Py_ssize_t));
+    mark = PyMem_Calloc((size_t)n_workers + 1, sizeof(Py_ssize_t));
     waiting = PyMem_Calloc((size_t)n_workers + 1, 1);
     holders = PyMem_Calloc((size_t)n_prefixes + 1, sizeof(Holders));
-    if (free_t == NULL || last_start == NULL || row_of == NULL || waiting == NULL || holders == NULL) {
+    if (free_t == NULL || last_start == NULL || row_of == NULL || pos == NULL || mark == NULL || waiting == NULL || holders == NULL) {
         PyErr_NoMemory();
         Py_DECREF(starts);
         Py_DECREF(lam_seq);
@@ -195,17 +257,20 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     for (Py_ssize_t k = 0; k < rows; k++) {
         PyObject *row = PySequence_Fast(PySequence_Fast_GET_ITEM(starts, k), "starts rows must be sequences");
         Py_ssize_t m = PySequence_Fast_GET_SIZE(row);
+        heaps[k].w = PyMem_Calloc((size_t)m + 1, sizeof(Py_ssize_t));
+        if (heaps[k].w == NULL) {
+            PyErr_NoMemory();
+            Py_DECREF(row);
+            Py_DECREF(starts);
+            Py_DECREF(lam_seq);
+            goto done;
+        }
         for (Py_ssize_t j = 0; j < m; j++, w++) {
             double f = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(row, j));
             free_t[w] = f;
             row_of[w] = k;
-            if (heap_push(&heaps[k], f, w) < 0) {
-                PyErr_NoMemory();
-                Py_DECREF(row);
-                Py_DECREF(starts);
-                Py_DECREF(lam_seq);
-                goto done;
-            }
+            heaps[k].w[heaps[k].n++] = w;
+            wheap_sift_up(&heaps[k], pos, free_t, heaps[k].n - 1);
         }
         Py_DECREF(row);
     }
@@ -222,6 +287,10 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
     double *out_t = outb.buf;
     Py_ssize_t n_waiting = 0;
+    int out_of_memory = 0;
+    /* The loop touches no Python object: other threads (the other candidates'
+     * replays, see control.Controller) run meanwhile. */
+    Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
         double at = a_t[i];
         while (pending.n > 0 && pending.a[0].t <= at) {
@@ -235,22 +304,15 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         double b = extra != 0.0 ? beta + extra * (double)n_waiting / (double)n_workers : beta;
         long long pid = reused_t[i];
         Holders *hold = (pid >= 0 && pid < n_prefixes) ? &holders[pid] : NULL;
+        if (hold != NULL)
+            for (Py_ssize_t j = 0; j < hold->n; j++)
+                mark[hold->w[j]] = i + 1; /* the holders of this request's prefix */
         Py_ssize_t best_w = -1;
         double best_cost = INFINITY, best_start = 0.0, best_e = 0.0;
         for (Py_ssize_t k = 0; k < rows; k++) {
-            Heap *h = &heaps[k];
-            while (h->a[0].t != free_t[h->a[0].w])
-                heap_pop(h);
-            double f = h->a[0].t;
-            Py_ssize_t top = h->a[0].w;
-            int held = 0;
-            if (hold != NULL)
-                for (Py_ssize_t j = 0; j < hold->n; j++)
-                    if (hold->w[j] == top) {
-                        held = 1;
-                        break;
-                    }
-            double e = held ? hit_t[k * n + i] : miss_t[k * n + i];
+            Py_ssize_t top = heaps[k].w[0];
+            double f = free_t[top];
+            double e = mark[top] == i + 1 ? hit_t[k * n + i] : miss_t[k * n + i];
             double start = f > at ? f : at;
             double cost = (start - at) + (b + lam[k]) * e;
             if (cost < best_cost) {
@@ -282,16 +344,17 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         double finish = best_start + best_e;
         free_t[best_w] = finish;
-        if (heap_push(&heaps[row_of[best_w]], finish, best_w) < 0)
-            goto fail;
+        wheap_sift_down(&heaps[row_of[best_w]], pos, free_t, pos[best_w]);
         last_start[best_w] = best_start;
         if (best_start > at) {
             if (!waiting[best_w]) {
                 waiting[best_w] = 1;
                 n_waiting++;
             }
-            if (heap_push(&pending, best_start, best_w) < 0)
-                goto fail;
+            if (heap_push(&pending, best_start, best_w) < 0) {
+                out_of_memory = 1;
+                break;
+            }
         }
         for (long long c = cptr_t[i]; c < cptr_t[i + 1]; c++) {
             long long p = cids_t[c];
@@ -311,24 +374,25 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         out_t[i] = finish - at;
     }
-    result = Py_NewRef(Py_None);
-    goto done;
-
-fail:
-    if (!PyErr_Occurred())
+    Py_END_ALLOW_THREADS
+    if (out_of_memory)
         PyErr_NoMemory();
+    else
+        result = Py_NewRef(Py_None);
 
 done:
     if (heaps != NULL) {
         for (Py_ssize_t k = 0; k < rows; k++)
-            PyMem_Free(heaps[k].a);
+            PyMem_Free(heaps[k].w);
         PyMem_Free(heaps);
     }
     PyMem_Free(holders);
-    PyMem_Free(pending.a);
+    PyMem_RawFree(pending.a);
     PyMem_Free(free_t);
     PyMem_Free(last_start);
     PyMem_Free(row_of);
+    PyMem_Free(pos);
+    PyMem_Free(mark);
     PyMem_Free(waiting);
     PyMem_Free(lam);
     if (arr.obj) PyBuffer_Release(&arr);

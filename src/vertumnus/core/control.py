@@ -31,10 +31,12 @@ planner's time if it wants to), no I/O.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from array import array
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -260,6 +262,48 @@ def _nothing_started(state: planner.ControllerState) -> planner.ControllerState:
     return replace(state, split_streak=0, merge_streak=0, confirming=(), momentum=None)
 
 
+class _Replays:
+    """One window's what-if replays (:func:`whatif.estimate` on one table), each
+    started as soon as it is known. On ``threads`` > 1 they run on a pool: the
+    compiled replay runs without the GIL, so the replays overlap each other and
+    the Python work between them (walking the paths). The estimates are the
+    same either way."""
+
+    def __init__(
+        self,
+        table: whatif.RequestTable,
+        params: PlacementParams,
+        threads: int,
+        current: Composition,
+    ) -> None:
+        self._table = table
+        self._params = params
+        self._pool = ThreadPoolExecutor(threads, "whatif") if threads > 1 else None
+        self.current = self.start(current)
+        """The current composition's estimate, to be waited for."""
+
+    def _run(
+        self, comp: Composition, starts: Mapping[int, Sequence[float]] | None
+    ) -> whatif.Estimate:
+        return whatif.estimate(self._table, comp, self._params, starts)
+
+    def start(
+        self, comp: Composition, starts: Mapping[int, Sequence[float]] | None = None
+    ) -> Callable[[], whatif.Estimate]:
+        """The estimate of ``comp`` (with a transition's ``starts``), to be waited for."""
+        if self._pool is None:
+            done = self._run(comp, starts)
+            return lambda: done
+        return self._pool.submit(self._run, comp, starts).result
+
+    def __enter__(self) -> _Replays:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+
 class Controller:
     """The planner's state and its windows, stepped by a shell.
 
@@ -377,27 +421,23 @@ class Controller:
         self._evaluations += 1
         obs = self.windows.observation(self.workers(running_remaining_s), reconfiguring)
         before = self.state
-        if not ps.rules_at_boundaries:
-            self.state, ops = planner.step(before, obs, self.capacity, ps)
-        elif boundary:
-            # The rules read disjoint windows: every request of this one is new to them.
-            disjoint = replace(
-                obs, fresh_demand_s=None, fresh_long_requests=None, fresh_long_demand_s=None
-            )
-            self.state, ops = planner.step(before, disjoint, self.capacity, ps)
-        else:
-            ops = ()
-        check = None
-        if (
-            self.model is not None
-            and self.settings.whatif
-            and not reconfiguring
-            and not before.pending
-            and self._goal is None
-        ):
-            columns = self.windows.columns()
-            if len(columns.arrivals) >= self.settings.min_requests:
-                check, ops = self._check(before, obs, ops, columns, boundary)
+        # The check's first replay (the current composition) starts now, so that on
+        # threads it runs while the rules decide.
+        replays = self._replays(before, reconfiguring)
+        with replays if replays is not None else contextlib.nullcontext():
+            if not ps.rules_at_boundaries:
+                self.state, ops = planner.step(before, obs, self.capacity, ps)
+            elif boundary:
+                # The rules read disjoint windows: every request of this one is new to them.
+                disjoint = replace(
+                    obs, fresh_demand_s=None, fresh_long_requests=None, fresh_long_demand_s=None
+                )
+                self.state, ops = planner.step(before, disjoint, self.capacity, ps)
+            else:
+                ops = ()
+            check = None
+            if replays is not None:
+                check, ops = self._check(before, obs, ops, replays, boundary)
         k_cap = self.capacity.capacity_per_s(s.degree for s in self.state.layout.slots)
         tick = Tick(
             obs,
@@ -410,16 +450,16 @@ class Controller:
         self.windows.close_hop()
         return tick
 
-    def _estimates(
+    def _probes(
         self,
-        table: whatif.RequestTable,
         layout: planner.Layout,
         workers: Sequence[planner.WorkerObservation],
         direction: str,
         target: Composition | None = None,
-    ) -> list[tuple[list[planner.PathStep], whatif.Estimate]]:
-        """Estimates along the ``direction`` path from ``layout`` (after 1, 2, 4, ...
-        operations, and the last), or of ``target`` only."""
+    ) -> list[list[planner.PathStep]]:
+        """The steps to each composition the check estimates along the ``direction``
+        path from ``layout`` (after 1, 2, 4, ... operations, and the last), or to
+        ``target`` only."""
         ps = self.settings
         path = planner.free_path(
             layout, (), direction, ps, workers, target=target, limit=ps.max_walk
@@ -434,42 +474,92 @@ class Controller:
             n = len(path)
             probes = (1, 2, 4) if n <= 5 else (1, 4, 16, 64)
             ks = sorted({k for k in probes if k < n} | {n}) if n else []
-        out = []
-        for k in ks:
-            steps = path[:k]
+        return [path[:k] for k in ks]
+
+    def _estimates(
+        self, replays: _Replays, probes: list[list[planner.PathStep]]
+    ) -> list[tuple[list[planner.PathStep], whatif.Estimate]]:
+        """Each probe's estimate: its replay with the transition (its drain and
+        switch) and, with a horizon, its replay from the window's start weighed in
+        (``whatif_horizon`` − 1) times: the transition is paid once, the composition
+        serves on after it. Every replay is started before any is waited for."""
+        ps = self.settings
+        h = ps.whatif_horizon
+        started = []
+        for steps in probes:
             starts = whatif.transition_starts(
                 [(st.drain_s, st.made) for st in steps], ps.switch_s, ps.max_concurrent_ops
             )
             comp = steps[-1].composition
-            e = whatif.estimate(table, comp, self.params, starts)
-            if ps.whatif_horizon > 1:
-                # The transition is paid once; the composition serves on after it.
-                steady = whatif.estimate(table, comp, self.params)
-                h = ps.whatif_horizon
+            steady = replays.start(comp) if h > 1 else None
+            started.append((steps, replays.start(comp, starts), steady))
+        out = []
+        for steps, made, steady in started:
+            e = made()
+            if steady is not None:
+                s = steady()
                 e = replace(
                     e,
-                    mean_s=(e.mean_s + (h - 1) * steady.mean_s) / h,
-                    p90_s=(e.p90_s + (h - 1) * steady.p90_s) / h,
+                    mean_s=(e.mean_s + (h - 1) * s.mean_s) / h,
+                    p90_s=(e.p90_s + (h - 1) * s.p90_s) / h,
                 )
             out.append((steps, e))
         return out
+
+    def _replays(self, before: planner.ControllerState, reconfiguring: bool) -> _Replays | None:
+        """The what-if replays of this window, the current composition's started;
+        None when the check does not look at this window (no model, switched off,
+        a transition in flight, or too few requests)."""
+        ps = self.settings
+        if (
+            self.model is None
+            or not ps.whatif
+            or reconfiguring
+            or before.pending
+            or self._goal is not None
+        ):
+            return None
+        columns = self.windows.columns()
+        if len(columns.arrivals) < ps.min_requests:
+            return None
+        layout = before.layout
+        degrees = sorted(set(ps.degrees) | {s.degree for s in layout.slots})
+        table = whatif.RequestTable.of_columns(columns, self.model, degrees)
+        # A small window's replays take well under a millisecond each: threads
+        # would cost more than they save.
+        threads = ps.whatif_threads if table.n >= 2000 else 1
+        return _Replays(table, self.params, threads, layout.composition)
 
     def _check(
         self,
         before: planner.ControllerState,
         obs: planner.WindowObservation,
         ops: tuple[planner.Op, ...],
-        columns: whatif.Columns,
+        replays: _Replays,
         boundary: bool = True,
     ) -> tuple[WhatIf, tuple[planner.Op, ...]]:
         """The what-if check of this window: the rules' ``ops`` kept or vetoed, or the
         check's own move (module docstring of :mod:`vertumnus.core.whatif`)."""
-        assert self.model is not None
+        layout = before.layout
+        paths = {
+            d: self._estimates(replays, self._probes(layout, obs.workers, d))
+            for d in ("split", "merge")
+        }
+        return self._judge(before, obs, ops, replays, replays.current(), paths, boundary)
+
+    def _judge(
+        self,
+        before: planner.ControllerState,
+        obs: planner.WindowObservation,
+        ops: tuple[planner.Op, ...],
+        replays: _Replays,
+        current: whatif.Estimate,
+        paths: dict[str, list[tuple[list[planner.PathStep], whatif.Estimate]]],
+        boundary: bool,
+    ) -> tuple[WhatIf, tuple[planner.Op, ...]]:
+        """The check's verdict on the estimates of this window (:meth:`_check`)."""
         ps = self.settings
         layout = before.layout
-        degrees = sorted(set(ps.degrees) | {s.degree for s in layout.slots})
-        table = whatif.RequestTable.of_columns(columns, self.model, degrees)
-        current = whatif.estimate(table, layout.composition, self.params)
 
         def pays(e: whatif.Estimate) -> bool:
             # The mean must improve by the margin, and the P90 not get worse by more.
@@ -477,7 +567,6 @@ class Controller:
                 e.p90_s <= current.p90_s * (1.0 + ps.whatif_margin)
             )
 
-        paths = {d: self._estimates(table, layout, obs.workers, d) for d in ("split", "merge")}
         candidates = tuple((d, e) for d, found in paths.items() for _, e in found)
         paying = [(d, steps, e) for d, found in paths.items() for steps, e in found if pays(e)]
         best = min(paying, key=lambda c: (c[2].mean_s, len(c[1])), default=None)
@@ -489,9 +578,8 @@ class Controller:
             target = self.state.target or self._after(layout, ops)
             found = [e for _, e in paths[direction] if e.composition == target]
             if not found:
-                found = [
-                    e for _, e in self._estimates(table, layout, obs.workers, direction, target)
-                ]
+                probe = self._probes(layout, obs.workers, direction, target)
+                found = [e for _, e in self._estimates(replays, probe)]
             proposed = found[0] if found else None
             self._streak = ("", 0)
             if proposed is not None and pays(proposed):

@@ -50,6 +50,7 @@ __all__ = [
     "RequestTable",
     "best_of",
     "estimate",
+    "p90",
     "reused_key",
     "transition_starts",
 ]
@@ -265,11 +266,13 @@ def estimate(
     extra = params.beta_busy - params.beta
     values = np.empty(table.n)
     if table.n and HOT_PATH == "c":
+        every = index == list(range(len(table.degrees)))  # no copy of the rows needed
         replay(
-            table.arrivals, np.ascontiguousarray(table.hit[index]),
-            np.ascontiguousarray(table.miss[index]), table.reused, table.carry_ptr,
-            table.carry_ids, table.n_prefixes, worker_starts, lam_terms, params.beta, extra,
-            values,
+            table.arrivals,
+            table.hit if every else np.ascontiguousarray(table.hit[index]),
+            table.miss if every else np.ascontiguousarray(table.miss[index]),
+            table.reused, table.carry_ptr, table.carry_ids, table.n_prefixes, worker_starts,
+            lam_terms, params.beta, extra, values,
         )  # fmt: skip
     elif table.n:
         values[:] = replay_py(table, index, worker_starts, lam_terms, params.beta, extra)
@@ -280,10 +283,27 @@ def estimate(
     return Estimate(
         composition,
         float(values.mean()) if values.size else 0.0,
-        float(np.percentile(values, 90)) if values.size else 0.0,
+        p90(values) if values.size else 0.0,
         table.n,
         float(last),
     )
+
+
+def p90(values: np.ndarray) -> float:
+    """``np.percentile(values, 90)`` bit for bit (its default, linear method) for a
+    float64 array without nan: one partition, without the generic function's
+    overhead (a third of a millisecond per estimate of a 15,000-request window)."""
+    n = values.size
+    virtual = (n - 1) * 0.9
+    if virtual >= n - 1:
+        return float(values.max())
+    lo = math.floor(virtual)
+    part = np.partition(values, (lo, lo + 1))
+    a, b = float(part[lo]), float(part[lo + 1])
+    t = virtual - lo
+    diff = b - a
+    # numpy's _lerp: from the nearer end, so that t = 1 gives b exactly.
+    return b - diff * (1.0 - t) if t >= 0.5 else a + diff * t
 
 
 def replay_py(
