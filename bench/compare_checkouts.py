@@ -4,7 +4,7 @@
     (cd /tmp/before && python setup.py build_ext --inplace)   # its compiled placement hot path
     python bench/compare_checkouts.py --before /tmp/before [--runs 5] [--json OUT]
 
-Two figures, each measured in both trees in alternation (before, after,
+The figures, each measured in both trees in alternation (before, after,
 before, after, ...) so that load elsewhere on a shared machine falls on both:
 
 - **simulation**: the 12,031-request Mooncake conversation trace at rate
@@ -13,7 +13,13 @@ before, after, ...) so that load elsewhere on a shared machine falls on both:
   of the process (user + system), and wall seconds;
 - **placement**: ``bench/placement_speed.py`` of each tree (64 workers, a
   1M-block trie; each tree's own version of the bench, which times the
-  same ``decide`` path), decisions per second by the thread's CPU clock.
+  same ``decide`` path), decisions per second by the thread's CPU clock;
+- **decision** (``--decision``, instead of the two above): one evaluation of the composition
+  controller with the what-if check on 1,024 GPUs, this checkout's
+  ``bench/decision_tick.py`` run on each tree's code, wall-clock ms (median
+  of its calls) on CP4/CP8 and on degrees 1–8; ``--decision-threads N``
+  gives the *after* tree's check N threads (the before tree keeps one, as a
+  tree without ``whatif_threads`` must).
 
 Each tree runs from its own ``src`` with any editable install of the
 project switched off in that process, so neither tree's code leaks into the
@@ -112,6 +118,24 @@ def run_placement(tree: Path, repeat: int) -> float:
         return float(json.loads(out.read_text())["cpu_clock"]["decisions_per_s"])
 
 
+def run_decision(tree: Path, threads: int) -> list[float]:
+    """Wall ms (median of 5 calls) of one 1,024-GPU evaluation with the what-if check in
+    ``tree`` (this checkout's bench/decision_tick.py), per composition it times."""
+    script = ROOT / "bench" / "decision_tick.py"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "d.json"
+        subprocess.run(
+            _python(
+                tree, str(script), "--threads", str(threads), "--repeat", "5", "--out", str(out)
+            ),
+            cwd=tree,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return [float(f["wall_median_ms"]) for f in json.loads(out.read_text())]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--before", type=Path, required=True, help="the other checkout (its root)")
@@ -119,7 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--placement-repeat", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--decision",
+        action="store_true",
+        help="compare the controller's what-if decision time instead",
+    )
+    ap.add_argument("--decision-threads", type=int, default=1)
     args = ap.parse_args(argv)
+    if args.decision:
+        return compare_decisions(args)
     if not MOONCAKE.exists():
         print(f"error: needs {MOONCAKE} (../shared/traces beside the checkout)", file=sys.stderr)
         return 2
@@ -171,6 +203,39 @@ def main(argv: list[str] | None = None) -> int:
         f"({r['placement_after_over_before']:.3f}x); best {best_rate['before']:,.0f} -> "
         f"{best_rate['after']:,.0f} ({r['best_placement_after_over_before']:.3f}x)"
     )
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def compare_decisions(args: argparse.Namespace) -> int:
+    """The decision figure alone: both trees in alternation, medians and ratios."""
+    trees = {"before": args.before.resolve(), "after": args.after.resolve()}
+    threads = {"before": 1, "after": args.decision_threads}
+    found: dict[str, list[list[float]]] = {k: [] for k in trees}
+    for i in range(args.runs):
+        for label, tree in trees.items():
+            found[label].append(run_decision(tree, threads[label]))
+            print(f"run {i + 1}/{args.runs} {label}: decision {found[label][-1]} ms", flush=True)
+    names = ["1024 GPUs CP4/CP8", "1024 GPUs degrees 1-8"]
+    median = {
+        k: {n: statistics.median(r[j] for r in v) for j, n in enumerate(names)}
+        for k, v in found.items()
+    }
+    report = {
+        "date": time.strftime("%Y-%m-%d"),
+        "runs": args.runs,
+        "trees": {k: str(v) for k, v in trees.items()},
+        "threads": threads,
+        "decision_wall_ms": median,
+        "ratios": {n: median["after"][n] / median["before"][n] for n in names},
+        "samples": found,
+    }
+    for n in names:
+        print(
+            f"decision, {n}: {median['before'][n]:.1f} -> {median['after'][n]:.1f} ms wall "
+            f"({report['ratios'][n]:.3f}x; after on {threads['after']} thread(s))"
+        )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0

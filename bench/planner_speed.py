@@ -14,18 +14,14 @@ conversation trace's size).
 
 **With the what-if check** (issue 12): the whole decision of
 :meth:`vertumnus.core.control.Controller.tick` — the rules plus the what-if
-replay of the window's requests on the current composition and on the
-compositions along the split and merge paths, each twice (with its
-transition, and from the window's start, for ``whatif_horizon``) — on 40 to
-1,024 GPUs, with
-the window holding 0.75 requests per second per GPU for 20 s (the heavy
-Mooncake load on 40 GPUs, 30 req/s, scaled with the pool: 15,360 requests
-at 1,024 GPUs), drawn from the built-in synthetic generator with reuse as
-an ideal cache gives it.
+replays — on 40 to 1,024 GPUs, as ``bench/decision_tick.py`` times it (its
+docstring: the window, the clocks), with the replays on one thread and on two
+(``whatif_threads``).
 
 Times are **CPU time** of this process (``time.process_time``), so other
 work on a shared machine does not inflate them; wall-clock medians and
-maxima are recorded next to them (``wall_*``).
+maxima are recorded next to them (``wall_*``; with two threads the CPU time
+counts both, and the wall clock is the decision's latency).
 
 Writes ``docs/benchmarks/adaptive_planner_speed.json``. Run::
 
@@ -41,14 +37,16 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from vertumnus.core import planner
-from vertumnus.core.control import Controller, history_requests
-from vertumnus.core.types import Composition
-from vertumnus.profiles import load_model
-from vertumnus.sim.synthetic import SyntheticConfig, generate
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import decision_tick  # noqa: E402  (the timed tick, shared with bench/compare_checkouts.py)
+
+from vertumnus.core import planner  # noqa: E402
+from vertumnus.core.types import Composition  # noqa: E402
+from vertumnus.profiles import load_model  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "adaptive_planner_speed.json"
-CAP = planner.CapacityProfile({1: 0.29, 2: 0.38, 4: 0.46, 8: 0.63})
+CAP = decision_tick.CAP
 
 
 def time_calls(fn, repeat: int) -> dict[str, float]:
@@ -69,52 +67,30 @@ def time_calls(fn, repeat: int) -> dict[str, float]:
     }
 
 
-def whatif_decisions(repeat: int = 5) -> dict[str, dict]:
-    """CPU time of one Controller.tick with the what-if check (module docstring)."""
-    model = load_model()
-    out = {}
-    for gpus, comp, degrees in (
-        (40, "6xCP4+2xCP8", (4, 8)),
-        (256, "32xCP4+16xCP8", (4, 8)),
-        (1024, "128xCP4+64xCP8", (4, 8)),
-        (1024, "512xCP1+128xCP2+64xCP4", (1, 2, 4, 8)),
-    ):
-        trace = generate(
-            SyntheticConfig(duration_s=20.0, mean_rate=0.75 * gpus, peak_to_trough=1.0), seed=0
-        )
-        hist = history_requests(trace.requests, trace.block_size)
-        # One evaluation of a whole window (check_hops=1 so that one tick sees it; with
-        # the default 4 the same evaluation runs four times per window).
-        settings = planner.PlannerSettings(degrees=degrees, persist_windows=1, check_hops=1)
-        layout = planner.layout_for(Composition.parse(comp))
-        running = {s.worker: (s.worker % 7) * 0.1 for s in layout.slots}
-        last: dict[str, object] = {}
-
-        cpu, wall = [], []
-        for _ in range(repeat):
-            ctl = Controller(
-                planner.initial_state(layout), CAP, settings, model, None, trace.block_size
-            )
-            for r, h in zip(trace.requests, hist, strict=True):
-                ctl.windows.placed(r, 0.01, h.cached_tokens)
-            w0, c0 = time.perf_counter(), time.process_time()
-            tick = ctl.tick(running, reconfiguring=False)
-            cpu.append((time.process_time() - c0) * 1e3)
-            wall.append((time.perf_counter() - w0) * 1e3)
-            assert tick is not None and tick.whatif is not None
-            last = {
-                "verdict": tick.whatif.verdict,
-                "candidates": len(tick.whatif.candidates),
-                "ops": len(tick.ops),
-            }
-        label = f"{gpus} GPUs, {len(layout.slots)} workers ({comp}), {len(trace)} requests"
-        out[label] = {
-            "median_ms": statistics.median(cpu),
-            "max_ms": max(cpu),
-            "wall_median_ms": statistics.median(wall),
-            **last,
-        }
-        print(label, round(statistics.median(cpu), 1), "ms", last, file=sys.stderr)
+def whatif_decisions(repeat: int = 7) -> dict[str, dict]:
+    """CPU and wall time of one Controller.tick with the what-if check
+    (``bench/decision_tick.py``), its replays on one thread and on two
+    (``whatif_threads``)."""
+    out: dict[str, dict] = {}
+    for gpus, pools in decision_tick.POOLS.items():
+        for comp, degrees in pools:
+            for threads in (1, 2):
+                timed = decision_tick.time_tick(gpus, comp, degrees, threads, repeat)
+                label = timed.pop("label")
+                if threads == 1:
+                    out[label] = timed
+                else:
+                    # CPU time counts both threads; the wall clock is the decision's latency.
+                    out[label]["two_threads"] = {
+                        k: timed[k]
+                        for k in ("median_ms", "max_ms", "wall_median_ms", "wall_max_ms")
+                    }
+                print(
+                    label,
+                    f"{threads} thread(s): CPU {timed['median_ms']:.1f} ms, "
+                    f"wall {timed['wall_median_ms']:.1f} ms",
+                    file=sys.stderr,
+                )
     return out
 
 
