@@ -14,9 +14,11 @@ import pytest
 
 from vertumnus._proto import pool_pb2, pool_pb2_grpc
 from vertumnus.core import planner
-from vertumnus.operator.controller import build_controller, feed
+from vertumnus.core.control import Controller
+from vertumnus.core.keys import token_block_keys
+from vertumnus.operator.controller import feed
 from vertumnus.operator.routerapi import RouterAdmin
-from vertumnus.profiles import load_capacity
+from vertumnus.profiles import load_capacity, load_model
 from vertumnus.router.serve import start_router
 from vertumnus.router.settings import RouterSettings
 
@@ -376,8 +378,10 @@ def test_an_operator_run_pools_router_reports_capacity_sums_the_controller_learn
     """Without a controller of its own the router reports, with every ``TakeWindow``, its
     capacity sums per (hop, degree): the placements of the hop and the completions since
     (each against its τ on the worker's degree), and it counts long requests by its own
-    ``long_threshold``. The operator's client sums the replicas and the operator's
-    controller turns them into κ samples."""
+    ``long_threshold``. It also lists the hop's first placements one by one (arrival
+    offset, length, cached tokens, block keys). The operator's client sums the
+    replicas; the operator's controller turns the sums into κ samples and replays the
+    listed placements in its what-if check."""
     items = ps.prompts(12, seed=4)
     threshold = sorted(len(t) for t in items)[8]  # three or so of the twelve are "long"
 
@@ -405,9 +409,35 @@ def test_an_operator_run_pools_router_reports_capacity_sums_the_controller_learn
     assert all(p.hop == 1 and 0 <= p.met_tokens <= p.tokens for p in first.capacity)
     assert {p.degree for p in first.capacity} <= {s.degree for s in layout.slots}
     assert second.capacity == []
-    ps_ = planner.PlannerSettings(window_s=1.0, check_hops=1, learn_capacity=True)
-    ctl = build_controller(layout, None, load_capacity("cpu-tiny"), ps_)
-    feed(ctl, first, layout, in_flight=False)
+    # The listed placements: every request once, with its own length and block keys.
+    assert first.placed == again.placed and second.placed == []
+    assert first.placed_left_out == 0
+    assert sorted(length for _, length, _, _ in first.placed) == sorted(len(t) for t in items)
+    block = engine.block_size
+    assert sorted(keys for _, _, _, keys in first.placed) == sorted(
+        token_block_keys(t, block) for t in items
+    )
+    assert all(offset >= 0 and 0 <= cached < length for offset, length, cached, _ in first.placed)
+    degrees = tuple(d for d in (1, 2, 4, 8) if d <= layout.domain_size)
+    ps_ = planner.PlannerSettings(
+        window_s=1.0,
+        check_hops=1,
+        learn_capacity=True,
+        min_requests=5,
+        domain_size=layout.domain_size,
+        degrees=degrees,
+    )
+    ctl = Controller(
+        planner.initial_state(layout),
+        load_capacity("cpu-tiny"),
+        ps_,
+        load_model("cpu-tiny"),
+        None,
+        block,
+    )
+    tick = feed(ctl, first, layout, in_flight=False)
     assert ctl.learner is not None and ctl.learner.samples == len(
         {p.degree for p in first.capacity}
     )
+    assert tick is not None and tick.whatif is not None
+    assert tick.whatif.current.requests == 12

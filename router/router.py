@@ -173,6 +173,14 @@ class _Hop:
     capacity samples."""
     capacity: list[kappa.Part] = field(default_factory=list)
     """The replica's capacity sums, set when the hop is taken (operator-run pools)."""
+    started_s: float = 0.0
+    """When the hop began (the router's clock): the listed placements' arrivals are
+    reported relative to it, so that replicas' clocks need not agree."""
+    listed: list[tuple[float, int, int, tuple[int, ...]]] = field(default_factory=list)
+    """Operator-run pools: the first placements (arrival after ``started_s``, length,
+    cached tokens counted on, block keys), for the operator's what-if check."""
+    left_out: int = 0
+    """First placements beyond ``RouterSettings.report_requests``, only counted."""
 
 
 class Router:
@@ -540,6 +548,18 @@ class Router:
                     (p.request, decision.cached_tokens, decision.worker, decision.estimate_s)
                 )
             else:
+                if len(hop.listed) < self.settings.report_requests:
+                    r = p.request
+                    hop.listed.append(
+                        (
+                            r.arrival_s - hop.started_s,
+                            r.length,
+                            decision.cached_tokens,
+                            r.block_keys,
+                        )
+                    )
+                else:
+                    hop.left_out += 1
                 degree = self.workers[decision.worker].address.slot.degree
                 self._capacity.placed(
                     p.request.id,
@@ -898,7 +918,7 @@ class Router:
         if self._last_hop is not None and self._last_hop[0] == hop:
             report = self._last_hop[1]
         else:
-            report, self._hop = self._hop, _Hop()
+            report, self._hop = self._hop, _Hop(started_s=self.now())
             report.capacity = self._capacity.take(hop)
             self._last_hop = (hop, report)
         assert self.core is not None

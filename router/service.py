@@ -220,6 +220,16 @@ class AdminServicer(pool_pb2_grpc.AdminServicer):
                 )
                 for c in report.capacity
             ],
+            placed=[
+                pool_pb2.PlacedRequest(
+                    offset_seconds=max(0.0, offset),
+                    length=length,
+                    cached_tokens=cached,
+                    block_keys=keys,
+                )
+                for offset, length, cached, keys in report.listed
+            ],
+            placed_left_out=report.left_out,
         )
 
 

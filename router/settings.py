@@ -40,6 +40,11 @@ class RouterSettings:
     """Without a controller of its own: a request longer than this many tokens counts
     as long in the windows the router reports (the operator's controller reads the
     long share from them). A local controller counts with its own ``long_threshold``."""
+    report_requests: int = 65536
+    """Without a controller of its own: the most first placements one hop's window
+    report lists one by one (arrival, length, cached tokens, block keys), for the
+    operator's what-if check; beyond it they are only counted, and the operator
+    skips the check of a window with a hop that was cut. 0: none listed."""
     external_controller: bool = False
     """An external controller (the operator) runs this pool's transitions, step by
     step through Admin.Drain and Admin.Switch; Admin.Reconfigure is then refused
@@ -100,6 +105,8 @@ class RouterSettings:
                 )
         if self.admission_limit < 1:
             raise ValueError(f"admission_limit must be >= 1, got {self.admission_limit}")
+        if self.report_requests < 0:
+            raise ValueError(f"report_requests must be >= 0, got {self.report_requests}")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
         for name in (

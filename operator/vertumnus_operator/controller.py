@@ -20,34 +20,33 @@ from collections.abc import Mapping
 from vertumnus.core import planner
 from vertumnus.core.control import Controller, Tick
 from vertumnus.core.lattice import Layout, Slot, layout_for
-from vertumnus.core.types import Composition
+from vertumnus.core.types import Composition, Request
 from vertumnus.operator.routerapi import Window
 
-__all__ = ["build_controller", "feed", "next_pinned_op"]
-
-
-def build_controller(
-    layout: Layout,
-    recorded: planner.ControllerState | None,
-    capacity: planner.CapacityProfile,
-    settings: planner.PlannerSettings,
-) -> Controller:
-    """A controller resuming from ``recorded`` when it still describes ``layout`` (else a
-    fresh one: the pool was reshaped by hand or by a pinned composition since)."""
-    state = recorded
-    if state is None or (not state.pending and state.layout != layout):
-        state = planner.initial_state(layout)
-    return Controller(state, capacity, settings)
+__all__ = ["feed", "next_pinned_op"]
 
 
 def feed(controller: Controller, window: Window, layout: Layout, in_flight: bool) -> Tick | None:
-    """One hop: add the summed reports, tick. ``in_flight``: a transition is running."""
-    controller.windows.add(
-        window.demand_s, window.requests, window.long_requests, window.long_demand_s
-    )
+    """One hop: add the summed reports, tick. ``in_flight``: a transition is running.
+
+    With a prefill model (the what-if check on), the replicas' listed placements
+    become the window's requests, arriving at the hop's start plus their offset on
+    the operator's clock. A hop some replica listed only in part (its per-hop
+    limit) is marked cut, and the check skips the windows that hold it."""
+    windows = controller.windows
+    windows.add(window.demand_s, window.requests, window.long_requests, window.long_demand_s)
+    if controller.model is not None:
+        for i, (offset, length, cached, keys) in enumerate(window.placed):
+            if length < 1:
+                windows.cut()  # a malformed row: not this hop's whole load
+                continue
+            request = Request(i, window.started_s + max(0.0, offset), length, keys)
+            windows.seen(request, min(cached, length - 1))
+        if window.placed_left_out:
+            windows.cut()
     controller.capacity_reported(window.capacity, window.hop)
     for worker, blocks in window.reused_blocks.items():
-        controller.windows.reused(worker, blocks)
+        windows.reused(worker, blocks)
     running = running_of(layout, window.running_remaining_s)
     return controller.tick(running, window.reconfiguring or in_flight)
 

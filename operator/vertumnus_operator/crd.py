@@ -101,6 +101,7 @@ class ControllerSpec:
     persist_windows: int = 2
     drain_timeout_seconds: int = 60
     learn_capacity: bool = False
+    whatif: bool = True
 
     @property
     def hop(self) -> int:
@@ -180,14 +181,15 @@ class PoolSpec:
         return planner.PlannerSettings(
             window_s=float(c.window_seconds),
             hop_s=float(c.hop_seconds),
-            # The operator evaluates every hopSeconds (or windowSeconds) itself, and
-            # its controller has no what-if check to look between windows.
+            # The operator evaluates every hopSeconds (or windowSeconds) itself: its
+            # what-if check reads each window once, not between windows.
             check_hops=1,
             upper=c.upper,
             lower=c.lower,
             merge_admit=c.merge_admit,
             persist_windows=c.persist_windows,
             learn_capacity=c.learn_capacity,
+            whatif=c.whatif,
             domain_size=self.gpus_per_domain,
             degrees=self.degrees,
         )
@@ -419,6 +421,7 @@ def parse_spec(
         persist_windows=_int(c, "persistWindows", cp, 2, 1, 1000),
         drain_timeout_seconds=_int(c, "drainTimeoutSeconds", cp, 60, 1, 3600),
         learn_capacity=_bool(c, "learnCapacity", cp, False),
+        whatif=_bool(c, "whatif", cp, True),
     )
     if not controller.lower < controller.upper:
         raise SpecError(f"{cp}.lower", "lower must be < upper")

@@ -53,7 +53,7 @@ from vertumnus.operator.routerapi import AdminError, RouterAdmin
 from vertumnus.operator.serialize import StateError
 from vertumnus.operator.status import Observation, Problem, StatusStore, build_status
 from vertumnus.operator.transitions import TransitionRunner
-from vertumnus.profiles import ProfileError, load_capacity
+from vertumnus.profiles import ProfileError, load_capacity, load_model
 
 __all__ = ["PoolRuntime", "Stopped", "router_addresses"]
 
@@ -399,8 +399,21 @@ class PoolRuntime:
                 not state.pending and state.layout != record.pool.layout
             ):
                 state = None  # reshaped by hand or by a pinned composition since
+        model = None
+        if spec.controller.whatif:
+            # The what-if check replays the routers' listed placements with the
+            # profile's prefill-time model.
+            try:
+                model = load_model(spec.model.profile)
+            except ProfileError as e:
+                raise SpecError("spec.model.profile", str(e)) from None
         return Controller(
-            state or planner.initial_state(record.pool.layout), capacity, spec.planner_settings()
+            state or planner.initial_state(record.pool.layout),
+            capacity,
+            spec.planner_settings(),
+            model,
+            spec.placement_params(),
+            spec.engine.block_size,
         )
 
     async def _spec_changed(self, spec: PoolSpec, capacity: planner.CapacityProfile) -> None:
@@ -449,6 +462,7 @@ class PoolRuntime:
             old.composition != spec.composition
             or old.controller != spec.controller
             or old.degrees != spec.degrees
+            or old.placement != spec.placement
         ):
             self.runner.controller = self._controller(record, spec, capacity)
             self.next_hop = None

@@ -19,6 +19,7 @@ through the router replicas, over gRPC (``grpc.aio``):
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -56,6 +57,15 @@ class Window:
     replicas: int = 0
     capacity: list[kappa.Part] = field(default_factory=list)
     """Every replica's capacity sums (the controller's sample book adds them up)."""
+    placed: list[tuple[float, int, int, tuple[int, ...]]] = field(default_factory=list)
+    """Every replica's first placements (seconds after the hop began there, length,
+    cached tokens, block keys), for the what-if check, in arrival order."""
+    placed_left_out: int = 0
+    """First placements the replicas only counted (beyond their per-hop limit): the
+    list is then not the whole hop."""
+    started_s: float = 0.0
+    """When the hop began on the operator's monotonic clock (its previous take): the
+    placements arrived ``started_s`` + their offset."""
 
 
 class RouterAdmin:
@@ -68,6 +78,7 @@ class RouterAdmin:
         self.timeout_s = timeout_s
         self._channels = {a: aio.insecure_channel(a) for a in self.addresses}
         self._stubs = {a: pool_pb2_grpc.AdminStub(c) for a, c in self._channels.items()}
+        self._last_take: float | None = None
 
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self._channels.values()))
@@ -87,7 +98,9 @@ class RouterAdmin:
         )
 
     async def take_window(self, hop: int) -> Window:
+        now = time.monotonic()
         reports = await self._all("TakeWindow", pool_pb2.TakeWindowRequest(hop=hop), self.timeout_s)
+        started, self._last_take = self._last_take, now
         w = Window(hop=hop, replicas=len(reports))
         for r in reports:
             assert isinstance(r, pool_pb2.WindowReport)
@@ -109,6 +122,15 @@ class RouterAdmin:
                 )
                 for c in r.capacity
             ]
+            w.placed += [
+                (p.offset_seconds, p.length, p.cached_tokens, tuple(p.block_keys)) for p in r.placed
+            ]
+            w.placed_left_out += r.placed_left_out
+        w.placed.sort(key=lambda row: row[0])
+        # The first take has no previous one: its hop is taken to end now.
+        w.started_s = (
+            started if started is not None else now - max((row[0] for row in w.placed), default=0.0)
+        )
         return w
 
     async def drain(self, worker: int, timeout_s: float) -> bool:

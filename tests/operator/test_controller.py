@@ -14,7 +14,7 @@ from vertumnus.core.lattice import check_grouping, enumerate_lattice, layout_for
 from vertumnus.core.types import Composition
 from vertumnus.operator.controller import feed, next_pinned_op
 from vertumnus.operator.routerapi import Window
-from vertumnus.profiles import load_capacity
+from vertumnus.profiles import load_capacity, load_model
 
 DEGREES = (2, 4, 8)
 LATTICE = enumerate_lattice(32, DEGREES, 8)
@@ -76,3 +76,44 @@ def test_feeding_sums_a_window_into_the_controller():
     assert c.windows.reuse_weight(1) > 0
     tick = feed(c, w, layout, in_flight=True)  # a transition in flight: observe, do nothing
     assert tick is not None and tick.ops == ()
+
+
+def _listed(n: int, long_every: int = 4) -> list[tuple[float, int, int, tuple[int, ...]]]:
+    """``n`` placements over one second as a router replica lists them: every
+    ``long_every``-th one long, all sharing a first block (a system prompt)."""
+    rows = []
+    for i in range(n):
+        length = 60000 if i % long_every == 0 else 2000
+        keys = (7, *(1000 * i + b for b in range(1, -(-length // 16))))
+        rows.append((i / n, length, 16 if i else 0, keys))
+    return rows
+
+
+def test_the_listed_placements_feed_the_what_if_check():
+    cap = load_capacity("qwen3-30b-a3b/h200")
+    layout = layout_for(Composition.parse("4xCP4"), 8)
+    settings = planner.PlannerSettings(window_s=1.0, check_hops=1, min_requests=4, degrees=(4, 8))
+    c = Controller(planner.initial_state(layout), cap, settings, load_model(), None, 16)
+    w = Window(hop=1, demand_s=3.0, requests=12, placed=_listed(12), started_s=100.0)
+    tick = feed(c, w, layout, in_flight=False)
+    assert tick is not None and tick.whatif is not None
+    assert tick.whatif.current.requests == 12
+    assert tick.whatif.current.composition == Composition.parse("4xCP4")
+    assert {str(e.composition) for _, e in tick.whatif.candidates} >= {"2xCP4+1xCP8"}
+
+    # A replica that listed only part of its hop: the check skips the window (a part
+    # of the requests would look like a lighter load), the rules still read it.
+    c = Controller(planner.initial_state(layout), cap, settings, load_model(), None, 16)
+    cut = Window(hop=1, demand_s=3.0, requests=13, placed=_listed(12), placed_left_out=1)
+    tick = feed(c, cut, layout, in_flight=False)
+    assert tick is not None and tick.whatif is None and tick.observation.requests == 13
+    # ... and so does a malformed row.
+    c = Controller(planner.initial_state(layout), cap, settings, load_model(), None, 16)
+    bad = Window(hop=1, demand_s=3.0, requests=12, placed=[*_listed(11), (0.5, 0, 0, ())])
+    tick = feed(c, bad, layout, in_flight=False)
+    assert tick is not None and tick.whatif is None
+
+    # Without a model (spec.controller.whatif false) there is no check.
+    c = Controller(planner.initial_state(layout), cap, settings)
+    tick = feed(c, w, layout, in_flight=False)
+    assert tick is not None and tick.whatif is None

@@ -74,6 +74,7 @@ _CAMEL = {
     "persistWindows": "persist_windows",
     "drainTimeoutSeconds": "drain_timeout_seconds",
     "learnCapacity": "learn_capacity",
+    "whatif": "whatif",
     "thetaInter": "theta_inter",
     "thetaIntra": "theta_intra",
     "thetaReclaim": "theta_reclaim",

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import grpc
+import pytest
 
 from vertumnus._proto import pool_pb2, pool_pb2_grpc, worker_pb2_grpc
 from vertumnus.router.serve import start_router
@@ -220,3 +221,38 @@ async def test_requests_with_a_ttft_target_are_counted_by_whether_they_met_it() 
     finally:
         await running.stop(1.0)
         await engine.server.stop(0)
+
+
+@_sync
+async def test_the_window_report_lists_first_placements_up_to_its_limit() -> None:
+    # An operator-run pool's router lists each hop's first placements for the
+    # operator's what-if check, at most report_requests of them; the rest it counts.
+    settings = RouterSettings(
+        listen="127.0.0.1:0", metrics_listen="", cache_manager=None, report_requests=3
+    )
+    engine, running = await _pool(settings)
+    try:
+        async with grpc.aio.insecure_channel(running.address) as ch:
+            stub = pool_pb2_grpc.PrefillStub(ch)
+            for i in range(5):
+                await _send(stub, f"r{i}", 40 + i)
+            admin = pool_pb2_grpc.AdminStub(ch)
+            report = await admin.TakeWindow(pool_pb2.TakeWindowRequest(hop=1), timeout=10)
+            again = await admin.TakeWindow(pool_pb2.TakeWindowRequest(hop=1), timeout=10)
+            after = await admin.TakeWindow(pool_pb2.TakeWindowRequest(hop=2), timeout=10)
+        assert report.requests == 5
+        assert [p.length for p in report.placed] == [40, 41, 42]
+        assert report.placed_left_out == 2
+        assert all(len(p.block_keys) == p.length // 16 for p in report.placed)
+        offsets = [p.offset_seconds for p in report.placed]
+        assert offsets == sorted(offsets) and offsets[0] >= 0.0
+        assert again == report  # a retried take answers the same
+        assert (len(after.placed), after.placed_left_out) == (0, 0)
+    finally:
+        await running.stop()
+        await engine.server.stop(None)
+
+
+def test_report_requests_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="report_requests"):
+        RouterSettings(report_requests=-1)

@@ -79,9 +79,11 @@ class _SeenHop:
     index (block key → positions of the hop's requests that carry it), so that the
     check looks up the reused prefixes instead of scanning every block of the window."""
 
-    __slots__ = ("arrivals", "cached", "keys", "lengths", "reused_keys", "reuses")
+    __slots__ = ("arrivals", "cached", "keys", "lengths", "reused_keys", "reuses", "whole")
 
     def __init__(self) -> None:
+        self.whole = True
+        """False: some of the hop's requests are missing (a report was cut)."""
         self.keys: dict[int, list[int]] = {}
         self.arrivals = array("d")
         self.lengths = array("q")
@@ -142,6 +144,17 @@ class ControlWindows:
         hops = self.settings.hops_per_window
         parts = list(self._seen_hops)[-(hops - 1) :] if hops > 1 else []
         return [*parts, self._seen]
+
+    def cut(self) -> None:
+        """Some of the open hop's requests will not be seen (a router replica listed
+        only so many): the what-if check skips every window that holds this hop, since
+        replaying part of a window's requests would underestimate its load."""
+        self._seen.whole = False
+
+    @property
+    def whole(self) -> bool:
+        """Every request of the window was seen (no hop of it was :meth:`cut`)."""
+        return all(p.whole for p in self._parts())
 
     def columns(self) -> whatif.Columns:
         """The window's requests column by column, for :meth:`RequestTable.of_columns
@@ -509,7 +522,7 @@ class Controller:
     def _replays(self, before: planner.ControllerState, reconfiguring: bool) -> _Replays | None:
         """The what-if replays of this window, the current composition's started;
         None when the check does not look at this window (no model, switched off,
-        a transition in flight, or too few requests)."""
+        a transition in flight, too few requests, or not all of them seen)."""
         ps = self.settings
         if (
             self.model is None
@@ -517,6 +530,7 @@ class Controller:
             or reconfiguring
             or before.pending
             or self._goal is not None
+            or not self.windows.whole
         ):
             return None
         columns = self.windows.columns()
@@ -540,26 +554,13 @@ class Controller:
     ) -> tuple[WhatIf, tuple[planner.Op, ...]]:
         """The what-if check of this window: the rules' ``ops`` kept or vetoed, or the
         check's own move (module docstring of :mod:`vertumnus.core.whatif`)."""
+        ps = self.settings
         layout = before.layout
         paths = {
             d: self._estimates(replays, self._probes(layout, obs.workers, d))
             for d in ("split", "merge")
         }
-        return self._judge(before, obs, ops, replays, replays.current(), paths, boundary)
-
-    def _judge(
-        self,
-        before: planner.ControllerState,
-        obs: planner.WindowObservation,
-        ops: tuple[planner.Op, ...],
-        replays: _Replays,
-        current: whatif.Estimate,
-        paths: dict[str, list[tuple[list[planner.PathStep], whatif.Estimate]]],
-        boundary: bool,
-    ) -> tuple[WhatIf, tuple[planner.Op, ...]]:
-        """The check's verdict on the estimates of this window (:meth:`_check`)."""
-        ps = self.settings
-        layout = before.layout
+        current = replays.current()
 
         def pays(e: whatif.Estimate) -> bool:
             # The mean must improve by the margin, and the P90 not get worse by more.
