@@ -43,6 +43,8 @@ class Record:
     """(transition id, wall-clock time all its workers were drained)."""
     last_transition: dict[str, Any] | None = field(default=None, compare=False)
     """The last committed transition, for the status (and the benchmark)."""
+    last_check: dict[str, Any] | None = field(default=None, compare=False)
+    """The controller's last what-if check (hop, verdict, estimates), for the status."""
 
     def started_at(self, tid: int) -> float | None:
         return dict(self.started).get(tid)

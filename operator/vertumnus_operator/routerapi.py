@@ -78,7 +78,8 @@ class RouterAdmin:
         self.timeout_s = timeout_s
         self._channels = {a: aio.insecure_channel(a) for a in self.addresses}
         self._stubs = {a: pool_pb2_grpc.AdminStub(c) for a, c in self._channels.items()}
-        self._last_take: float | None = None
+        self._taken: tuple[int, float, float] | None = None
+        """(hop, its start, when it was taken) of the last take."""
 
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self._channels.values()))
@@ -100,7 +101,6 @@ class RouterAdmin:
     async def take_window(self, hop: int) -> Window:
         now = time.monotonic()
         reports = await self._all("TakeWindow", pool_pb2.TakeWindowRequest(hop=hop), self.timeout_s)
-        started, self._last_take = self._last_take, now
         w = Window(hop=hop, replicas=len(reports))
         for r in reports:
             assert isinstance(r, pool_pb2.WindowReport)
@@ -127,10 +127,16 @@ class RouterAdmin:
             ]
             w.placed_left_out += r.placed_left_out
         w.placed.sort(key=lambda row: row[0])
-        # The first take has no previous one: its hop is taken to end now.
-        w.started_s = (
-            started if started is not None else now - max((row[0] for row in w.placed), default=0.0)
-        )
+        if self._taken is not None and self._taken[0] == hop:
+            w.started_s = self._taken[1]  # a retried take: the same hop, the same start
+        else:
+            # The hop began at the previous take; the first one's is taken to end now.
+            w.started_s = (
+                self._taken[2]
+                if self._taken is not None
+                else now - max((row[0] for row in w.placed), default=0.0)
+            )
+            self._taken = (hop, w.started_s, now)
         return w
 
     async def drain(self, worker: int, timeout_s: float) -> bool:

@@ -255,6 +255,7 @@ def build_status(
             for t in pool.transitions
         ],
         "lastTransition": record.last_transition,
+        "lastCheck": record.last_check,
         "conditions": [ready, progressing, degraded, gang],
     }
 

@@ -133,9 +133,11 @@ class TransitionRunner:
             pool = self.record.pool
             tick = ctl.feed(self.controller, window, pool.layout, bool(pool.transitions))
             ops = tick.ops if tick is not None else ()
+            record = replace(self.record, hop=window.hop)
             if tick is not None and tick.whatif is not None:
                 check = tick.whatif
                 best = check.best
+                record = replace(record, last_check={"hop": window.hop, **check.to_dict()})
                 log.info(
                     "hop %d what-if %s: %s %.3f s (P90 %.3f s) over %d requests; best candidate %s",
                     window.hop,
@@ -146,7 +148,6 @@ class TransitionRunner:
                     check.current.requests,
                     "none" if best is None else f"{best.composition} {best.mean_s:.3f} s",
                 )
-            record = replace(self.record, hop=window.hop)
             if tick is not None and ops:
                 await self.events.post(
                     "Normal",

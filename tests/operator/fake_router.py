@@ -78,6 +78,7 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
         self._switch_released = threading.Event()
         self._switch_released.set()
         self._demand = (0.0, 0, 0, 0.0)
+        self._placed: list[tuple[float, int, int, tuple[int, ...]]] = []
         self._server: grpc.Server | None = None
         self.port = 0
 
@@ -116,6 +117,11 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
         """What every hop from now on reports (seconds of predicted work per hop, etc.)."""
         with self._lock:
             self._demand = (demand_s, requests, long_requests, long_demand_s)
+
+    def set_placed(self, rows: list[tuple[float, int, int, tuple[int, ...]]]) -> None:
+        """The first placements every hop from now on lists (offset, length, cached, keys)."""
+        with self._lock:
+            self._placed = list(rows)
 
     def hold_drains(self) -> None:
         self._released.clear()
@@ -258,6 +264,12 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
                     reconfiguring=any(
                         w.state != pool_pb2.WorkerStatus.SERVING for w in self.workers.values()
                     ),
+                    placed=[
+                        pool_pb2.PlacedRequest(
+                            offset_seconds=o, length=n, cached_tokens=c, block_keys=k
+                        )
+                        for o, n, c, k in self._placed
+                    ],
                 )
                 self.windows[request.hop] = report
             return report

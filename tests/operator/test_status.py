@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 
 import kopf
 import pytest
@@ -55,6 +56,11 @@ def test_a_ready_pool():
     # lastTransitionTime stays while a condition's status does not change
     again = build_status(_record(), obs, st["conditions"], 2000.0)
     assert _cond(again, "Ready")["lastTransitionTime"] == _cond(st, "Ready")["lastTransitionTime"]
+    # The controller's last what-if check, once there was one (the CHECK column).
+    assert st["lastCheck"] is None
+    check = {"hop": 4, "verdict": "veto", "current": {"composition": "2xCP8", "mean_s": 0.3}}
+    st = build_status(replace(_record(), last_check=check), obs, [], 3000.0)
+    assert st["lastCheck"] == check
 
 
 def test_an_unschedulable_gang_says_why():

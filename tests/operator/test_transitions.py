@@ -20,7 +20,7 @@ from vertumnus.operator.events import MemoryEvents
 from vertumnus.operator.record import MemoryStore, Record
 from vertumnus.operator.routerapi import RouterAdmin, Window
 from vertumnus.operator.transitions import TransitionRunner
-from vertumnus.profiles import load_capacity
+from vertumnus.profiles import load_capacity, load_model
 
 from .fake_router import FakeRouter
 
@@ -188,6 +188,35 @@ def test_the_controller_splits_under_load_and_merges_back(router):
     assert reasons.count("Committed") == 4 and "Split" in reasons and "Merge" in reasons
     assert store.last.controller is not None and store.last.controller.pending == ()
     assert store.last.hop == 18
+
+
+def test_the_runner_records_the_what_if_check_of_the_listed_placements(router):
+    layout = _layout("4xCP4")
+    settings = planner.PlannerSettings(
+        window_s=1.0, domain_size=8, degrees=(4, 8), check_hops=1, min_requests=4
+    )
+    controller = Controller(
+        planner.initial_state(layout), CAPACITY, settings, load_model(), None, 16
+    )
+    record, store = _fresh("4xCP4")
+    router.set_layout([(s.worker, s.degree, s.domain, s.offset) for s in layout.slots])
+    router.set_demand(0.5, 12)
+    router.set_placed([(i / 12, 6000, 0, tuple(range(100 * i, 100 * i + 375))) for i in range(12)])
+    events, pods = MemoryEvents(), Pods()
+
+    async def go():
+        runner, admin = _runner(record, store, router, events, pods, controller)
+        for hop in (1, 2):
+            await runner.decide(await admin.take_window(hop))
+            await runner.wait()
+        await admin.close()
+
+    asyncio.run(go())
+    check = store.last.last_check
+    assert check is not None and check["hop"] == 2
+    assert check["verdict"] in ("agree", "extend", "veto", "trigger", "wait", "stay")
+    assert check["current"]["composition"] == "4xCP4" and check["current"]["mean_s"] > 0
+    assert check["candidates"], "the neighbours along the split and merge paths"
 
 
 def test_a_window_is_summed_over_replicas():
