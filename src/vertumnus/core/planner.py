@@ -240,12 +240,14 @@ class PlannerSettings:
     """The estimated mean-TTFT gain (a fraction of the current composition's
     estimate) a move must bring; its estimated P90 TTFT may not be worse than
     the current one's by more than this fraction either."""
-    whatif_decisive: float = 0.1
+    whatif_decisive: float = 0.15
     """An estimated gain this large needs one window, not ``persist_windows``:
     persistence guards against acting on noise, and a window whose requests
     would have been served this much faster elsewhere is a change, not noise
-    (the first window after a phase change). Chosen on the calibration
-    workload (docs/benchmarks/adaptive.md, "Workloads it was not tuned on")."""
+    (the first window after a phase change). 0.1 until the look between
+    windows became twice as frequent (``check_hops`` 8): more looks give noise
+    more chances, and 0.15 keeps the cycling long-context family from
+    following its cycle (docs/benchmarks/adaptive.md, "A look every 2.5 s")."""
     switch_s: float = 0.5
     """Seconds a split or merge keeps its GPUs out of service after the drain
     (the executor's switch), charged by the what-if check."""
@@ -255,7 +257,7 @@ class PlannerSettings:
     window's requests from the start in the other ``whatif_horizon − 1``; the
     estimate is their mean. 1: the window alone, so that a move whose gain
     lasts but whose transition costs up front looks worse than it is."""
-    check_hops: int = 4
+    check_hops: int = 8
     """With disjoint windows (``hop_s`` = 0): evaluations per window. The rules
     read the disjoint windows only (every ``window_s``), and at the evaluations
     between, the what-if check alone looks at the last ``window_s`` for a
