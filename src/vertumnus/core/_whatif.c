@@ -14,11 +14,11 @@
  * tests/core/test_whatif.py checks both on random tables. setup.py compiles
  * this file with -ffp-contract=off so that no fused multiply-add changes a bit.
  *
- * Where it differs in *how*, for speed (~30 % fewer instructions): a degree's
- * workers are an indexed heap whose chosen worker sifts down in place (the
- * Python twin pushes a new entry and drops stale ones lazily: the same top),
- * and a request's holders are marked once per request instead of looked up
- * once per degree.
+ * Where it differs in *how*, for speed (22 % fewer instructions, counted by
+ * callgrind): a degree's workers are an indexed heap whose chosen worker sifts
+ * down in place (the Python twin pushes a new entry and drops stale ones
+ * lazily: the same top), and a request's holders are marked once per request
+ * instead of looked up once per degree.
  *
  * Pure: no I/O, no global state.
  */
@@ -87,7 +87,6 @@ heap_pop(Heap *h)
     if (h->n > 0)
         h->a[i] = last;
 }
-
 
 /* Per degree an indexed min-heap of its workers keyed by (free time, worker):
  * the top is the least-loaded worker; a worker's key only grows (it is given
