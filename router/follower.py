@@ -118,9 +118,10 @@ class Follower:
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as e:
-                if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                    # The endpoint leads no such worker any more (a regroup
-                    # the router has not committed yet, or a foreign one).
+                if e.code() == grpc.StatusCode.FAILED_PRECONDITION and self._down_since is None:
+                    # The endpoint leads no such worker any more (a regroup the router
+                    # has not committed yet, or a foreign one), or the worker failed
+                    # (an SGLang server that exited): said once per streak.
                     _log.info("worker %d: %s", self.worker, e.details())
                 now = loop.time()
                 if self._down_since is None:

@@ -418,6 +418,10 @@ class Router:
         w = self.workers.get(worker)
         if w is None or self.core is None:
             return
+        if unreachable and not w.unreachable:
+            # Ask it why (a failed SGLang server ends its event stream at once, so
+            # this learns of a failure before any request goes there).
+            self._spawn(self._probe(worker), f"probe-{worker}")
         w.unreachable = unreachable
         self.core.set_available([worker], not unreachable and not w.draining)
         self.metrics.worker_reachable(worker, not unreachable)
@@ -1125,6 +1129,9 @@ class Router:
     def _reconcile_plan(self, commit: transition.Commit) -> ReconcilePlan:
         olds = [s.worker for s in commit.removed]
         prefixes = {w: self._prefixes_of(w) for w in olds}
+        if commit.kind == "replace":
+            # The failed worker's cache died with its engine: nothing moves.
+            return ReconcilePlan({commit.added[0].worker: ()}, {commit.added[0].worker: {}})
         if commit.kind == "split":
             a, b = commit.added
             return plan_split(prefixes[olds[0]], (a.worker, b.worker), 1 << 30)
@@ -1176,10 +1183,18 @@ class Router:
         except KeyError as e:
             raise RouterError(grpc.StatusCode.NOT_FOUND, f"removed: {e.args[0]}") from None
         added = tuple(s for s in grouping if s.worker not in self.workers)
+        op: transition.Op
         if kind == "split" and len(leaving) == 1 and len(added) == 2:
-            op: planner.Op = planner.Split(leaving[0].worker)
+            op = planner.Split(leaving[0].worker)
         elif kind == "merge" and len(leaving) == 2 and len(added) == 1:
             op = planner.Merge((leaving[0].worker, leaving[1].worker))
+        elif (
+            kind == "replace"
+            and len(leaving) == 1
+            and len(added) == 1
+            and (added[0].degree, added[0].offset) == (leaving[0].degree, leaving[0].offset)
+        ):
+            op = transition.Replace(leaving[0].worker)
         else:
             raise RouterError(
                 grpc.StatusCode.INVALID_ARGUMENT,

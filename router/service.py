@@ -24,6 +24,7 @@ _STATES = {
     "serving": pool_pb2.WorkerStatus.SERVING,
     "draining": pool_pb2.WorkerStatus.DRAINING,
     "unreachable": pool_pb2.WorkerStatus.UNREACHABLE,
+    "failed": pool_pb2.WorkerStatus.FAILED,
 }
 
 
@@ -75,7 +76,15 @@ class AdminServicer(pool_pb2_grpc.AdminServicer):
         workers = []
         for state in core.workers:
             w = router.workers[state.id]
-            kind = "unreachable" if w.unreachable else "draining" if w.draining else "serving"
+            kind = (
+                "failed"
+                if w.failure
+                else "unreachable"
+                if w.unreachable
+                else "draining"
+                if w.draining
+                else "serving"
+            )
             s = w.address.slot
             workers.append(
                 pool_pb2.WorkerStatus(
@@ -89,6 +98,7 @@ class AdminServicer(pool_pb2_grpc.AdminServicer):
                     queued=state.queued,
                     running=state.running,
                     cached_blocks=len(router.store.worker_keys(s.worker)),
+                    failure=w.failure,
                 )
             )
         transitions = [
@@ -128,10 +138,10 @@ class AdminServicer(pool_pb2_grpc.AdminServicer):
         return pool_pb2.DrainResponse(drained=drained, replaced=replaced)
 
     async def Switch(self, request, context):  # type: ignore[no-untyped-def]
-        if request.kind not in ("split", "merge"):
+        if request.kind not in ("split", "merge", "replace"):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"kind: expected split or merge, got {request.kind!r}",
+                f"kind: expected split, merge or replace, got {request.kind!r}",
             )
         grouping = [Slot(s.worker, s.degree, s.domain, s.offset) for s in request.grouping]
         try:

@@ -11,6 +11,13 @@ epochs. ``Epoch`` is pool-wide and accepted on every endpoint. The ranks
 behind an endpoint are coordinated by the engine
 (:mod:`vertumnus.worker.engine`), not by the endpoint.
 
+Besides each rank's ``Worker`` health, every endpoint answers the health of the
+**pod** (:data:`POD_SERVICE`): SERVING from the moment the engine serves until it
+stops, whatever its workers do. It is what the kubelet probes (a gRPC probe): a
+worker that drains, regroups or fails (an SGLang server that exited) is the
+router's and the operator's business, per worker, and must not take the whole
+domain pod out of its Service or have it counted as a lost domain.
+
 Servers are bound before the engine starts (:class:`PoolServer`, then
 :meth:`PoolServer.start`), so a port that is taken fails in a second, not
 after the model loaded; gRPC's port sharing (``SO_REUSEPORT``) is off, so a
@@ -47,6 +54,8 @@ if TYPE_CHECKING:  # the engine imports torch; binding the ports (PoolServer) do
     from .engine import Engine
 
 SERVICE_NAME = "vertumnus.worker.v1.Worker"
+POD_SERVICE = "vertumnus.worker.v1.Pod"
+"""The gRPC health service of the engine as a whole (the domain pod's readiness)."""
 MAX_PORT = 65535
 
 _KINDS = {
@@ -327,7 +336,7 @@ class PoolServer:
             raise OSError(
                 f"cannot listen on {where} for rank {rank} (in use, or not an address of this host)"
             )
-        for name in (SERVICE_NAME, ""):
+        for name in (SERVICE_NAME, "", POD_SERVICE):
             health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.ports.append(bound)
         self._servers.append(server)
@@ -341,6 +350,8 @@ class PoolServer:
             )
         self.engine = engine
         self.refresh_health()
+        for hs in self._health:
+            hs.set(POD_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         for server in self._servers:
             server.start()
         return self
@@ -380,6 +391,8 @@ class PoolServer:
         )
 
     def stop(self, grace_s: float | None = 1.0) -> None:
+        for hs in self._health:
+            hs.set(POD_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
         events = [server.stop(grace_s) for server in self._servers]
         for e in events:
             e.wait()

@@ -44,6 +44,23 @@ def test_a_merge_waits_for_both_buddies():
     assert switch.grouping == (Slot(2, 8, 0, 0),)
 
 
+def test_a_replacement_gives_the_failed_workers_place_a_new_id():
+    p = pool("2xCP2+1xCP4")  # workers 0, 1 (CP2 at 4, 6) and 2 (CP4 at 0)
+    p, t, actions = tr.begin(p, tr.Replace(1, "worker failed: exit 7"))
+    assert actions == [tr.Drain(t.id, (1,))] and t.kind == "replace"
+    assert t.removed == (Slot(1, 2, 0, 6),) and t.added == (Slot(3, 2, 0, 6),)
+    with pytest.raises(tr.TransitionError, match="already being reconfigured"):
+        tr.begin(p, Merge((0, 1)))
+    p, (switch,) = tr.drained(p, t.id, 1)
+    assert switch.removed == (1,) and switch.added == (Slot(3, 2, 0, 6),)
+    assert switch.grouping == (Slot(2, 4, 0, 0), Slot(0, 2, 0, 4), Slot(3, 2, 0, 6))
+    p, (commit,) = tr.switched(p, t.id)
+    assert commit.kind == "replace" and commit.new_ids == [3] and commit.epoch == 2
+    assert str(p.layout.composition) == "2xCP2+1xCP4" and p.next_worker == 4
+    with pytest.raises(tr.TransitionError, match="replace: worker 1 is not in the pool"):
+        tr.begin(p, tr.Replace(1))
+
+
 def test_bad_operations_are_refused_with_the_reason():
     p = pool("2xCP2+1xCP4")  # workers 0, 1 (CP2 at 4, 6) and 2 (CP4 at 0)
     with pytest.raises(tr.TransitionError, match="worker 9 is not in the pool"):
@@ -89,7 +106,7 @@ def test_concurrent_switches_in_one_domain_see_each_other():
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 2)), max_size=30))
 def test_any_interleaving_keeps_a_valid_grouping_and_unique_ids(steps):
-    """Random starts, drain reports and switch reports: every grouping handed out
+    """Random starts (splits, merges, replacements), drain reports and switch reports: every grouping handed out
     tiles the domains, and no worker id is ever reused."""
     p = tr.initial_pool(layout_for(Composition.parse("2xCP4+1xCP8"), 8))
     ids = {s.worker for s in p.layout.slots}
@@ -97,7 +114,8 @@ def test_any_interleaving_keeps_a_valid_grouping_and_unique_ids(steps):
         if kind == 0:  # start an operation on idle workers
             busy = p.busy()
             slots = [s for s in p.layout.slots if s.worker not in busy]
-            ops = [Split(s.worker) for s in slots if s.degree > 1]
+            ops: list[tr.Op] = [Split(s.worker) for s in slots if s.degree > 1]
+            ops += [tr.Replace(s.worker) for s in slots]
             by = {(s.domain, s.offset): s for s in slots}
             ops += [
                 Merge((s.worker, o.worker))

@@ -35,7 +35,7 @@ pytest.importorskip(
     "zmq", reason="the SGLang adapter's event subscriber needs pyzmq (sglang extra)"
 )
 
-from vertumnus.worker.service import PoolServer  # noqa: E402
+from vertumnus.worker.service import POD_SERVICE, PoolServer  # noqa: E402
 from vertumnus.worker.sglang.adapter import AdapterSettings, SglangEngine  # noqa: E402
 from vertumnus.worker.sglang.command import PortPlan, SglangOptions  # noqa: E402
 from vertumnus.worker.sglang.serve import serve_engine  # noqa: E402
@@ -82,9 +82,13 @@ class Pod:
     def stub(self, rank: int) -> worker_pb2_grpc.WorkerStub:
         return worker_pb2_grpc.WorkerStub(self.channels[rank])
 
-    def health(self, rank: int) -> int:
+    def health(self, rank: int, service: str = "") -> int:
         stub = health_pb2_grpc.HealthStub(self.channels[rank])
-        return stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+        return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+    def pod_health(self) -> int:
+        """What the kubelet's readiness probe asks (the pod as a whole, at rank 0)."""
+        return self.health(0, POD_SERVICE)
 
     def http(self, offset: int, path: str, body: object = None) -> dict:
         """Call the stand-in at ``offset`` directly (its server info, its fault controls)."""
@@ -260,6 +264,7 @@ def test_drain_then_split_and_merge_restart_only_the_affected_servers(pod):
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "worker 0 (CP2, GPUs 0-1) is draining; not admitting" in e.value.details()
     assert p.health(0) == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert p.pod_health() == health_pb2.HealthCheckResponse.SERVING  # the pod is not lost
 
     # Split worker 0 (CP2) into workers 10 and 11 (CP1); worker 2 is kept.
     split = p.epoch(2, (10, 1, 0), (11, 1, 1), (2, 2, 2))
@@ -289,7 +294,16 @@ def test_drain_then_split_and_merge_restart_only_the_affected_servers(pod):
     assert "must be drained before epoch 3" in e.value.details()
     p.drain(0)
     p.drain(1)
-    assert p.epoch(3, *merge).epoch == 3
+    # While the servers restart, the pod stays ready: a regroup is not a lost domain.
+    merged: list = []
+    switching = threading.Thread(target=lambda: merged.append(p.epoch(3, *merge)))
+    switching.start()
+    during = []
+    while switching.is_alive():
+        during.append(p.pod_health())
+    switching.join()
+    assert during and set(during) == {health_pb2.HealthCheckResponse.SERVING}
+    assert merged[0].epoch == 3
     info = p.http(0, "/get_server_info")
     assert (info["tp_size"], info["attn_cp_size"]) == (2, 2)
     assert info["standin"]["cuda_visible_devices"] == "0,1"
@@ -339,12 +353,21 @@ def test_a_crashed_server_is_reported_with_its_exit_and_output_not_restarted(pod
     assert described.draining and "exited with code 7" in described.failure
     assert "exited with code 7" in p.engine.worker(1).failure
     assert p.stub(0).Describe(worker_pb2.DescribeRequest(), timeout=5).failure == ""
-    # Its stream says the cache is gone; nothing restarted it.
-    events = p.events(1, lambda es: es[-1].kind == KINDS.CLEARED)
-    assert events[-1].kind == KINDS.CLEARED
+    # Its stream says the cache is gone, then ends naming why (so a router learns of
+    # the failure without sending a request); nothing restarted it.
+    events: list = []
+    with pytest.raises(grpc.RpcError) as ended:
+        for e in p.stub(1).StreamCacheEvents(worker_pb2.StreamCacheEventsRequest(), timeout=10):
+            events.append(e)
+    assert events and events[-1].kind == KINDS.CLEARED
+    assert ended.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "worker 1 (CP1, GPU 1) is failed" in ended.value.details()
+    assert "exited with code 7" in ended.value.details()
     assert not alive(pid) and p.engine.worker(1).server.pid == pid
-    # The other worker is untouched.
+    # The other worker is untouched, and the pod stays ready (the kubelet must not
+    # take the whole domain out for one worker).
     assert p.health(0) == health_pb2.HealthCheckResponse.SERVING
+    assert p.pod_health() == health_pb2.HealthCheckResponse.SERVING
     assert p.prefill(0, tokens(40, 6)).cached_tokens == 0
     # An epoch that replaces the failed worker (no drain needed) starts a new server.
     p.epoch(2, (0, 1, 0), (5, 1, 1))
@@ -405,6 +428,79 @@ def test_the_router_takes_a_worker_whose_server_failed_out_of_placement(pod):
     # half of every burst paid a failed attempt there.
     assert all(r.worker == 0 and r.attempts == 1 for r in later)
     assert unreachable and "exited with code 7" in failure
+
+
+def test_a_router_reports_a_failed_worker_unasked_and_a_replace_switch_swaps_it(pod):
+    """No request meets the failure: the worker's event stream ending tells the router,
+    which reports it FAILED with the reason in GetPool (what the operator polls). Then
+    the operator's replacement, through the router's Admin API: Drain, and Switch of
+    kind ``replace`` to a new worker id at the same GPU, whose new server serves."""
+    import asyncio
+
+    from vertumnus._proto import pool_pb2, pool_pb2_grpc
+    from vertumnus.router.serve import start_router
+    from vertumnus.router.settings import RouterSettings
+
+    p = pod([1, 1])
+
+    async def scenario():  # type: ignore[no-untyped-def]
+        settings = RouterSettings(
+            listen=f"127.0.0.1:{free_ports(1)}", metrics_listen="", cache_manager=None
+        )
+        running = await start_router(settings, [p.server.address(0)])
+        try:
+            async with grpc.aio.insecure_channel(running.address) as ch:
+                admin = pool_pb2_grpc.AdminStub(ch)
+                prefill = pool_pb2_grpc.PrefillStub(ch)
+                with contextlib.suppress(OSError):
+                    p.http(1, "/standin/control", {"crash": 7})
+                deadline = time.monotonic() + 15
+                while True:
+                    pool = await admin.GetPool(pool_pb2.GetPoolRequest(), timeout=5)
+                    state = {w.worker: w for w in pool.workers}
+                    if state[1].state == pool_pb2.WorkerStatus.FAILED:
+                        break
+                    assert time.monotonic() < deadline, "the router never reported the failure"
+                    await asyncio.sleep(0.05)
+                failed = state[1]
+                kept = state[0].state
+                drained = await admin.Drain(
+                    pool_pb2.DrainRequest(worker=1, timeout_seconds=10), timeout=15
+                )
+                grouping = [
+                    pool_pb2.Slot(worker=0, degree=1, domain=0, offset=0),
+                    pool_pb2.Slot(worker=2, degree=1, domain=0, offset=1),
+                ]
+                switched = await admin.Switch(
+                    pool_pb2.SwitchRequest(
+                        epoch=2, domain=0, grouping=grouping, removed=[1], kind="replace"
+                    ),
+                    timeout=30,
+                )
+                after = await admin.GetPool(pool_pb2.GetPoolRequest(), timeout=5)
+                answers = await asyncio.gather(
+                    *(
+                        prefill.Prefill(
+                            pool_pb2.PrefillRequest(request_id=f"r{i}", token_ids=tokens(40, i)),
+                            timeout=30,
+                        )
+                        for i in range(8)
+                    )
+                )
+            return failed, kept, drained, switched, after, answers
+        finally:
+            await running.stop()
+
+    failed, kept, drained, switched, after, answers = asyncio.run(scenario())
+    assert "exited with code 7" in failed.failure and kept == pool_pb2.WorkerStatus.SERVING
+    assert drained.drained and list(switched.added) == [2]
+    states = {w.worker: (w.state, w.offset, w.failure) for w in after.workers}
+    assert states == {
+        0: (pool_pb2.WorkerStatus.SERVING, 0, ""),
+        2: (pool_pb2.WorkerStatus.SERVING, 1, ""),
+    }
+    assert after.epoch == 2
+    assert {r.worker for r in answers} == {0, 2}  # the new server takes requests
 
 
 def test_a_server_that_does_not_start_is_named_with_its_exit_code(tmp_path, monkeypatch):

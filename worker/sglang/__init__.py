@@ -13,7 +13,6 @@ worker of a domain pod) behind the same worker protocol as the torch engine
   detection and SGLang's replay protocol;
 - :mod:`.subscriber`: a thin pyzmq subscriber around the decoder (pyzmq is
   imported only there, lazily);
-- :mod:`.probe`: the domain pod's readiness probe (every server's ``/health``);
 - the **adapter**, which starts and supervises one server per worker of a pod's
   grouping and serves our gRPC ``Worker`` protocol on top of them, regrouping by a
   drained restart of the changed servers: :mod:`.adapter` (the pod's workers and

@@ -17,7 +17,8 @@ attributes :mod:`vertumnus.worker.service` reads (``slot``, ``epoch``, ``events`
   the worker stays in the grouping but is *failed* — it admits nothing (``draining``
   is true, so gRPC health says NOT_SERVING and ``Describe`` says ``draining``), every
   call names the exit code and the server's last output, its event stream gets one
-  ``cleared`` (the server's cache is gone) — until an ``Epoch`` replaces it.
+  ``cleared`` (the server's cache is gone) and then ends with the same
+  FAILED_PRECONDITION — until an ``Epoch`` replaces it.
 """
 
 from __future__ import annotations
@@ -140,8 +141,11 @@ class SglangWorker:
             self.failure = reason
             self._cv.notify_all()
         self.pump.stop()
-        # The server's cache died with it: the worker serves nothing now.
+        # The server's cache died with it: the worker serves nothing now. Then its
+        # stream ends naming why, so a router learns of the failure at once, not at
+        # the next request it sends there (replays still deliver the cleared first).
         self.events.publish("cleared", [], self.slot.offset, self.epoch)
+        self.events.close(f"{self.describe()} is failed: {reason}")
         if self._on_failure is not None:
             self._on_failure(self)
 

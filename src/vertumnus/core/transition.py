@@ -1,4 +1,4 @@
-"""A split or merge as a pure state machine: the epoch transition every shell executes (design.md section 5).
+"""A split, merge or replacement as a pure state machine: the epoch transition every shell executes (design.md section 5).
 
 The planner (:mod:`vertumnus.core.planner`) says *what* to change ("split
 worker 7"); this module says *how*, as steps that emit the actions a shell
@@ -28,6 +28,12 @@ Every action is idempotent for the shell that executes it: draining a
 drained worker, or switching ranks to the epoch and grouping they already
 have, changes nothing. Worker ids for new workers are allocated here, once,
 when the transition begins.
+
+A :class:`Replace` is the third kind: a worker whose engine failed for good (an
+SGLang server that exited) is swapped for a fresh worker of the same degree in the
+same place, under a new id, through the same three phases. The planner never asks
+for one (it is not a composition change); the operator does, when a router reports
+the worker failed.
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from vertumnus.core.lattice import Layout, Slot, merge_slots, split_slot
-from vertumnus.core.planner import Op, Split
+from vertumnus.core.planner import Op as PlannerOp
+from vertumnus.core.planner import Split
 
 __all__ = [
     "SWITCH_TIMEOUT_S",
@@ -44,12 +51,15 @@ __all__ = [
     "Commit",
     "Drain",
     "Phase",
+    "Op",
     "PoolState",
+    "Replace",
     "Switch",
     "Transition",
     "TransitionError",
     "begin",
     "drained",
+    "kind_of",
     "initial_pool",
     "resume",
     "switched",
@@ -60,6 +70,18 @@ class TransitionError(ValueError):
     """A transition step that does not fit the recorded state (named in the message)."""
 
 
+@dataclass(frozen=True)
+class Replace:
+    """Swap the failed ``worker`` for a new worker of the same degree in the same place."""
+
+    worker: int
+    reason: str = ""
+
+
+Op = PlannerOp | Replace
+"""What a transition carries out: the planner's split or merge, or a replacement."""
+
+
 class Phase(StrEnum):
     DRAINING = "Draining"
     SWITCHING = "Switching"
@@ -68,14 +90,14 @@ class Phase(StrEnum):
 
 @dataclass(frozen=True)
 class Transition:
-    """One split or merge in progress."""
+    """One split, merge or replacement in progress."""
 
     id: int
     """Sequence number of the transition in its pool, from 1."""
     op: Op
     """The planner's operation (handed back to ``planner.commit``)."""
     removed: tuple[Slot, ...]
-    """The workers that leave: one for a split, two buddies for a merge."""
+    """The workers that leave: one for a split or a replacement, two buddies for a merge."""
     added: tuple[Slot, ...]
     """The workers it creates, ids allocated at :func:`begin`."""
     phase: Phase = Phase.DRAINING
@@ -86,7 +108,7 @@ class Transition:
 
     @property
     def kind(self) -> str:
-        return "split" if isinstance(self.op, Split) else "merge"
+        return kind_of(self.op)
 
     @property
     def members(self) -> tuple[int, ...]:
@@ -173,6 +195,13 @@ class Commit:
 Action = Drain | Switch | Commit
 
 
+def kind_of(op: Op) -> str:
+    """``split``, ``merge`` or ``replace``: the kind a Switch names to the router."""
+    if isinstance(op, Replace):
+        return "replace"
+    return "split" if isinstance(op, Split) else "merge"
+
+
 def initial_pool(layout: Layout, epoch: int = 1) -> PoolState:
     """The state of a pool that starts with ``layout`` (new ids continue after its largest)."""
     next_id = max((s.worker for s in layout.slots), default=-1) + 1
@@ -182,22 +211,22 @@ def initial_pool(layout: Layout, epoch: int = 1) -> PoolState:
 def begin(pool: PoolState, op: Op) -> tuple[PoolState, Transition, list[Action]]:
     """Start ``op``: its workers drain. Raises :class:`TransitionError` if a worker is
     not in the pool, already in a transition, or the op does not fit the topology."""
-    members = (op.worker,) if isinstance(op, Split) else op.workers
+    members = (op.worker,) if isinstance(op, Split | Replace) else op.workers
     busy = pool.busy()
     slots = []
     for w in members:
         try:
             slots.append(pool.layout.slot(w))
         except KeyError:
-            raise TransitionError(
-                f"{type(op).__name__.lower()}: worker {w} is not in the pool"
-            ) from None
+            raise TransitionError(f"{kind_of(op)}: worker {w} is not in the pool") from None
         if w in busy:
             raise TransitionError(f"worker {w} is already being reconfigured")
     nid = pool.next_worker
     try:
-        if isinstance(op, Split):
-            added: tuple[Slot, ...] = split_slot(slots[0], (nid, nid + 1))
+        if isinstance(op, Replace):
+            added: tuple[Slot, ...] = (replace(slots[0], worker=nid),)
+        elif isinstance(op, Split):
+            added = split_slot(slots[0], (nid, nid + 1))
         else:
             added = (merge_slots(slots[0], slots[1], nid),)
     except ValueError as e:

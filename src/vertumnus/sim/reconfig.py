@@ -308,6 +308,8 @@ class AdaptiveController:
             self.executor.execute(op, self._committed)
 
     def _committed(self, commit: transition.Commit) -> None:
+        # The simulator carries out the planner's operations only (no engine fails here).
+        assert not isinstance(commit.op, transition.Replace)
         t0 = time.perf_counter()
         more = self.controller.committed(
             commit.op, commit.new_ids, [s.worker for s in commit.removed], self._running()
