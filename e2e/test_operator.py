@@ -100,7 +100,10 @@ def test_helm_lint_and_template_are_clean(k8s, tmp_path):
     assert "grafana_dashboard" not in off
 
 
-def test_rendered_manifests_are_accepted_by_the_api_server(k8s, chart, namespace, tmp_path):
+@pytest.mark.parametrize("example", ["cppool.yaml", "cppool-sglang.yaml"])
+def test_rendered_manifests_are_accepted_by_the_api_server(
+    k8s, chart, namespace, tmp_path, example
+):
     chart_out = ops.helm(
         k8s,
         "template",
@@ -121,7 +124,7 @@ def test_rendered_manifests_are_accepted_by_the_api_server(k8s, chart, namespace
             "vertumnus.operator",
             "render",
             "-f",
-            str(ops.EXAMPLE),
+            str(ops.CHART / "examples" / example),
             "--namespace",
             namespace,
         ],
@@ -183,6 +186,19 @@ def test_the_service_account_has_only_what_it_needs(k8s, chart):
             {"gpus": 16, "placement": {"beta": 2.0, "betaBusy": 1.5}},
             "spec.placement.betaBusy",
             ">= beta",
+        ),
+        (
+            {"gpus": 16, "engine": {"transfer": {"rdma": {"resource": "rdma/hca"}}}},
+            "spec.engine.transfer.rdma",
+            "engine.kind sglang",
+        ),
+        (
+            {
+                "gpus": 16,
+                "engine": {"kind": "sglang", "transfer": {"rdma": {"resource": "nvidia.com/gpu"}}},
+            },
+            "spec.engine.transfer.rdma.resource",
+            "requested already",
         ),
     ],
 )

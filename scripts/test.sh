@@ -53,4 +53,5 @@ step "e2e: the pool with real engines, routers and Redis"
 
 step "e2e: Kubernetes control plane (built from Go modules when missing)"
 bash e2e/k8s/build.sh
-"$PY" -m pytest -q e2e/test_control_plane.py e2e/test_operator.py e2e/test_operator_real_pool.py
+"$PY" -m pytest -q e2e/test_control_plane.py e2e/test_operator.py e2e/test_operator_real_pool.py \
+    e2e/test_operator_sglang.py

@@ -15,6 +15,7 @@ the same way.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +82,22 @@ class EngineSpec:
     dtype: str = "bfloat16"
     max_tokens: int = 131072
     base_port: int = 50051
+    transfer_backend: str = "mooncake"
+    """SGLang's KV transfer to the decode servers (``--disaggregation-transfer-backend``)."""
+    rdma_resource: str = ""
+    """A device-plugin resource with the pod's RDMA NICs (e.g. ``rdma/rdma_shared_device_a``);
+    empty: none requested."""
+    rdma_count: int = 1
+
+
+RESOURCE_NAME = re.compile(
+    r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+)
+"""An extended resource name (what a device plugin advertises): DOMAIN/NAME."""
+GPU = "nvidia.com/gpu"
+
+TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
+"""= vertumnus.worker.sglang.command.TRANSFER_BACKENDS (the operator does not import it)."""
 
 
 @dataclass(frozen=True)
@@ -382,6 +399,9 @@ def parse_spec(
     image = _str(eng, "image", f"{p}.engine", "")
     if not image:
         raise SpecError(f"{p}.engine.image", "Required value")
+    tp = f"{p}.engine.transfer"
+    transfer = _obj(eng, "transfer", f"{p}.engine")
+    rdma = _obj(transfer, "rdma", tp)
     engine = EngineSpec(
         image=image,
         kind=_str(eng, "kind", f"{p}.engine", "torch", ("torch", "sglang")),
@@ -389,7 +409,25 @@ def parse_spec(
         dtype=_str(eng, "dtype", f"{p}.engine", "bfloat16", ("float64", "float32", "bfloat16")),
         max_tokens=_int(eng, "maxTokens", f"{p}.engine", 131072, 1),
         base_port=_int(eng, "basePort", f"{p}.engine", 50051, 1024, 65000),
+        transfer_backend=_str(transfer, "backend", tp, "mooncake", TRANSFER_BACKENDS),
+        rdma_resource=_str(rdma, "resource", f"{tp}.rdma", ""),
+        rdma_count=_int(rdma, "count", f"{tp}.rdma", 1, 1, 64),
     )
+    if rdma and not engine.rdma_resource:
+        raise SpecError(f"{tp}.rdma.resource", "Required value")
+    if engine.rdma_resource and (
+        not RESOURCE_NAME.fullmatch(engine.rdma_resource) or engine.rdma_resource == GPU
+    ):
+        raise SpecError(
+            f"{tp}.rdma.resource",
+            f"Invalid value: {engine.rdma_resource!r}: an extended resource of the cluster's "
+            "RDMA device plugin, DOMAIN/NAME (e.g. rdma/rdma_shared_device_a), not nvidia.com/gpu",
+        )
+    if engine.rdma_resource and engine.kind != "sglang":
+        raise SpecError(
+            f"{tp}.rdma",
+            "Forbidden: RDMA devices are for SGLang's KV transfer engine (engine.kind: sglang)",
+        )
     if engine.kind == "sglang":
         # What an SGLang server cannot take (vertumnus.worker.sglang.command).
         if engine.dtype == "float64":

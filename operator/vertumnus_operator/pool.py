@@ -13,10 +13,11 @@ second, four times a second while pods are being placed, every 2 s for a pool st
    backend: needs new pods, not done);
 3. apply the pool's objects, create missing domain pods (:mod:`vertumnus.operator.reconcile`);
 4. observe pods and gang, write the status if it changed;
-5. once every domain pod is ready: start a split or merge asked for by annotation, or
-   every ``hopSeconds`` read the window from the routers and let the controller decide,
-   or take the next step toward a pinned composition; transitions run in the background
-   (:mod:`vertumnus.operator.transitions`).
+5. once every domain pod is ready: replace a worker a router reports failed (its engine
+   cannot serve it: an SGLang server that exited), or start a split or merge asked for
+   by annotation, or every ``hopSeconds`` read the window from the routers and let the
+   controller decide, or take the next step toward a pinned composition; transitions run
+   in the background (:mod:`vertumnus.operator.transitions`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any, Protocol
 from vertumnus.core import planner
 from vertumnus.core import transition as tr
 from vertumnus.core.control import Controller
-from vertumnus.core.lattice import Layout, layout_for
+from vertumnus.core.lattice import Layout, Slot, layout_for
 from vertumnus.core.transition import SWITCH_TIMEOUT_S
 from vertumnus.operator import resources as res
 from vertumnus.operator.crd import (
@@ -95,6 +96,65 @@ async def router_addresses(kube: KubeClient, obj: Mapping[str, Any], spec: PoolS
     return sorted(out)
 
 
+class Repairs:
+    """When a failed worker's place may be given a new worker (backoff per place).
+
+    A place (domain, offset, degree) whose new worker fails again waits
+    ``base_s`` · 2^(n−1) after its n-th replacement, at most ``max_s`` — as a kubelet
+    backs off a crash-looping container — so a server that cannot start (a bad model
+    path, a broken GPU) is not restarted in a tight loop. A place not replaced for
+    ``reset_s`` starts over. Nothing here is persisted: an operator restart forgets
+    the backoff, not the failure (the routers still report it)."""
+
+    def __init__(
+        self,
+        base_s: float = 30.0,
+        max_s: float = 600.0,
+        reset_s: float = 1800.0,
+        every_s: float = 2.0,
+    ) -> None:
+        self.base_s, self.max_s, self.reset_s, self.every_s = base_s, max_s, reset_s, every_s
+        self._count: dict[tuple[int, int, int], tuple[int, float]] = {}
+        """place → (replacements, when the last one began)."""
+        self._failed: dict[int, tuple[Slot, str]] = {}
+        self._looked = float("-inf")
+
+    @staticmethod
+    def _place(slot: Slot) -> tuple[int, int, int]:
+        return (slot.domain, slot.offset, slot.degree)
+
+    def due(self, now: float) -> bool:
+        """Time to ask the routers again (every ``every_s``)."""
+        if now - self._looked < self.every_s:
+            return False
+        self._looked = now
+        return True
+
+    def seen(self, failed: Mapping[int, tuple[Slot, str]]) -> None:
+        self._failed = dict(failed)
+
+    def may_replace(self, slot: Slot, now: float) -> bool:
+        count, last = self._count.get(self._place(slot), (0, float("-inf")))
+        if now - last > self.reset_s:
+            count = 0
+        wait = 0.0 if count == 0 else min(self.max_s, self.base_s * 2 ** (count - 1))
+        return now - last >= wait
+
+    def replaced(self, slot: Slot, now: float) -> None:
+        count, _ = self._count.get(self._place(slot), (0, 0.0))
+        self._count[self._place(slot)] = (count + 1, now)
+
+    def problems(self) -> list[Problem]:
+        return [
+            Problem(
+                "Degraded",
+                "WorkerFailed",
+                f"worker {w} (CP{slot.degree}, domain {slot.domain}) cannot serve: {why}",
+            )
+            for w, (slot, why) in sorted(self._failed.items())
+        ]
+
+
 def _shape(layout: Layout) -> tuple[int, int]:
     return sum(s.degree for s in layout.slots), layout.domain_size
 
@@ -139,6 +199,7 @@ class PoolRuntime:
         """Event keys already posted (an Event per change, not per step)."""
         self.was_ready = False
         """Every domain pod was ready once (a later loss is Degraded, not Pending)."""
+        self.repairs = Repairs()
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -240,17 +301,6 @@ class PoolRuntime:
                 router_image=os.environ.get("VERTUMNUS_ROUTER_IMAGE") or DEFAULT_ROUTER_IMAGE,
                 redis_image=os.environ.get("VERTUMNUS_REDIS_IMAGE") or DEFAULT_REDIS_IMAGE,
             )
-            if spec.engine.kind == "sglang":
-                # The pod template renders (`python -m vertumnus.operator render`), but the
-                # adapter it runs is not built: pods would crash-loop. Refuse until it is.
-                raise SpecError(
-                    "spec.engine.kind",
-                    "sglang is not supported by this operator yet: its domain pod renders "
-                    "(python -m vertumnus.operator render -f FILE shows it), but the engine "
-                    "adapter the pod runs (vertumnus worker --engine sglang: start, supervise "
-                    "and restart the SGLang servers on a regroup, serve the Worker protocol) "
-                    "is not built yet; use torch",
-                )
         except SpecError as e:
             await self._invalid(obj, generation, e)
             return 2.0
@@ -277,7 +327,10 @@ class PoolRuntime:
         obs = await self.reconciler.observe(effective)
         obs.generation = generation
         obs.problems = (
-            problems + self.spec_problems + ([self.router_problem] if self.router_problem else [])
+            problems
+            + self.spec_problems
+            + ([self.router_problem] if self.router_problem else [])
+            + self.repairs.problems()
         )
         if obs.all_ready:
             self.was_ready = True
@@ -544,6 +597,8 @@ class PoolRuntime:
         assert runner is not None
         admin = await self._refresh_admin(obj, spec)
         pinned = spec.composition if effective.composition is not None else None
+        if admin is not None and await self._repair(admin):
+            return
         if await self._by_hand(obj, pinned is not None, admin is not None):
             return
         if pinned is not None:
@@ -590,6 +645,39 @@ class PoolRuntime:
             self.router_problem = None
             self._said = {k for k in self._said if not k.startswith("problem:RouterUnavailable")}
         await runner.decide(window)
+
+    async def _repair(self, admin: RouterAdmin) -> bool:
+        """Replace a worker a router reports FAILED (e.g. its SGLang server exited): a
+        ``replace`` transition gives its GPUs a new worker of the same degree, which the
+        engine starts afresh. One at a time, between other transitions, each place
+        backed off after a replacement that failed again. True if one began."""
+        runner = self.runner
+        assert runner is not None
+        now = time.monotonic()
+        if runner.busy or not self.repairs.due(now):
+            return False
+        try:
+            failed = await admin.failed_workers()
+        except AdminError as e:
+            log.info("%s/%s: cannot read the workers' state: %s", self.namespace, self.name, e)
+            return False
+        layout = runner.record.pool.layout
+        in_pool = {s.worker: s for s in layout.slots}
+        self.repairs.seen({w: (in_pool[w], why) for w, why in failed.items() if w in in_pool})
+        for worker, why in sorted(failed.items()):
+            slot = in_pool.get(worker)
+            if slot is None or not self.repairs.may_replace(slot, now):
+                continue
+            await self.events.post(
+                "Warning",
+                "WorkerFailed",
+                f"worker {worker} (CP{slot.degree}, domain {slot.domain}, GPUs from "
+                f"{slot.offset}) cannot serve: {why}; replacing it with a new worker in its place",
+            )
+            if await runner.replace(worker, why):
+                self.repairs.replaced(slot, now)
+                return True
+        return False
 
     async def _by_hand(self, obj: Mapping[str, Any], pinned: bool, routed: bool) -> bool:
         """A split or merge asked for by annotation (``vertumnus.io/split: "7"``,

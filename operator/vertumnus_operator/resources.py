@@ -7,8 +7,9 @@ owned by the CPPool, so deleting it lets the garbage collector remove them all):
   (``nvidia.com/gpu: gpusPerDomain``) and running one rank process per GPU
   (``vertumnus serve --ranks G``). Its workers — groups of ranks — and the epoch are
   annotations (``vertumnus.io/grouping: 0:CP4@0,1:CP4@4``, ``vertumnus.io/epoch``,
-  ``vertumnus.io/degrees: 4,4``). The container reads the degrees from a downward-API
-  file, so the pod spec never depends on the grouping: a split or merge rewrites
+  ``vertumnus.io/degrees: 4,4``, ``vertumnus.io/workers: 0,1``). The container reads
+  the degrees and the worker ids from downward-API files, so the pod spec never depends
+  on the grouping: a split or merge rewrites
   annotations and leaves the pod (and its UID) alone; a restarted container rejoins with
   the grouping in force. With ``engine.kind: sglang`` the container runs the SGLang
   adapter instead, one SGLang server per worker (:mod:`vertumnus.operator.sglang_pod`);
@@ -70,6 +71,9 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 ANN_EPOCH = "vertumnus.io/epoch"
 ANN_GROUPING = "vertumnus.io/grouping"
 ANN_DEGREES = "vertumnus.io/degrees"
+ANN_WORKERS = "vertumnus.io/workers"
+"""The grouping's pool-level worker ids, left to right (with the degrees: what a
+(re)started engine serves, so its workers keep the ids the routers and the status know)."""
 ANN_SPEC_HASH = "vertumnus.io/pod-spec-hash"
 ANN_ROUTER_ADDRESSES = "vertumnus.io/router-addresses"
 """On a CPPool: the router replicas' Admin addresses (``host:port,...``), instead of the
@@ -154,11 +158,16 @@ def _degrees(slots: Sequence[Slot]) -> str:
     return ",".join(str(s.degree) for s in sorted(slots, key=lambda s: s.offset))
 
 
+def _workers(slots: Sequence[Slot]) -> str:
+    return ",".join(str(s.worker) for s in sorted(slots, key=lambda s: s.offset))
+
+
 def grouping_annotations(slots: Sequence[Slot], epoch: int) -> dict[str, str]:
     return {
         ANN_EPOCH: str(epoch),
         ANN_GROUPING: format_grouping(slots),
         ANN_DEGREES: _degrees(slots),
+        ANN_WORKERS: _workers(slots),
     }
 
 
@@ -171,6 +180,8 @@ def _engine_command(spec: PoolSpec) -> list[str]:
         str(spec.gpus_per_domain),
         "--degrees",
         f'"$(cat {PODINFO}/degrees)"',
+        "--worker-ids",
+        f'"$(cat {PODINFO}/workers)"',
         "--host",
         "0.0.0.0",
         "--base-port",
@@ -254,6 +265,10 @@ def pod_spec(spec: PoolSpec, owner: Owner, domain: int, gang: GangBackend) -> di
                         {
                             "path": "degrees",
                             "fieldRef": {"fieldPath": f"metadata.annotations['{ANN_DEGREES}']"},
+                        },
+                        {
+                            "path": "workers",
+                            "fieldRef": {"fieldPath": f"metadata.annotations['{ANN_WORKERS}']"},
                         },
                         {
                             "path": "epoch",

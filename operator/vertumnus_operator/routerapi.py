@@ -12,6 +12,9 @@ through the router replicas, over gRPC (``grpc.aio``):
 - ``Admin.Switch(epoch, domain, grouping, removed, kind)`` on every replica: they regroup
   the domain's ranks and update their index. Idempotent, so a switch re-sent after an
   operator restart changes nothing.
+- ``Admin.GetPool`` on every replica, for the workers one of them reports FAILED (an
+  engine that answers it cannot serve: an SGLang server that exited), which the
+  operator replaces.
 
 :class:`AdminError` carries the gRPC status name and the replica's address.
 """
@@ -138,6 +141,16 @@ class RouterAdmin:
             )
             self._taken = (hop, w.started_s, now)
         return w
+
+    async def failed_workers(self) -> dict[int, str]:
+        """Worker → why, for every worker a replica reports FAILED (the first reason)."""
+        out: dict[int, str] = {}
+        for r in await self._all("GetPool", pool_pb2.GetPoolRequest(), self.timeout_s):
+            assert isinstance(r, pool_pb2.PoolStatus)
+            for w in r.workers:
+                if w.state == pool_pb2.WorkerStatus.FAILED:
+                    out.setdefault(w.worker, w.failure or "no reason given")
+        return out
 
     async def drain(self, worker: int, timeout_s: float) -> bool:
         """Drain ``worker`` at every replica; True once all say it is drained."""

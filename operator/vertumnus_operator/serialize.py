@@ -73,20 +73,31 @@ def decode_layout(raw: Mapping[str, Any], where: str = "layout") -> Layout:
     )
 
 
-def encode_op(op: planner.Op) -> dict[str, Any]:
+def encode_op(op: tr.Op) -> dict[str, Any]:
+    if isinstance(op, tr.Replace):
+        return {"replace": op.worker, "reason": op.reason}
     if isinstance(op, planner.Split):
         return {"split": op.worker, "reason": op.reason}
     return {"merge": list(op.workers), "reason": op.reason}
 
 
-def decode_op(raw: Mapping[str, Any], where: str = "op") -> planner.Op:
+def decode_op(raw: Mapping[str, Any], where: str = "op") -> tr.Op:
     reason = str(raw.get("reason", ""))
+    if "replace" in raw:
+        return tr.Replace(int(raw["replace"]), reason)
     if "split" in raw:
         return planner.Split(int(raw["split"]), reason)
     if "merge" in raw:
         a, b = raw["merge"]
         return planner.Merge((int(a), int(b)), reason)
-    raise StateError(f"{where}: neither split nor merge: {raw!r}")
+    raise StateError(f"{where}: neither split, merge nor replace: {raw!r}")
+
+
+def _planner_op(raw: Mapping[str, Any], where: str) -> planner.Op:
+    op = decode_op(raw, where)
+    if isinstance(op, tr.Replace):
+        raise StateError(f"{where}: the planner never asks for a replacement: {raw!r}")
+    return op
 
 
 def encode_transition(t: tr.Transition) -> dict[str, Any]:
@@ -210,7 +221,7 @@ def decode_controller(
         merge_streak=int(raw.get("mergeStreak", 0)),
         momentum=momentum,
         pending=tuple(
-            decode_op(o, f"{where}.pending[{i}]") for i, o in enumerate(raw.get("pending", ()))
+            _planner_op(o, f"{where}.pending[{i}]") for i, o in enumerate(raw.get("pending", ()))
         ),
         confirming=tuple(
             _decode_window(w, f"{where}.confirming[{i}]")

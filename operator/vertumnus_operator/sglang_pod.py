@@ -3,7 +3,7 @@
 One container holds all the domain's GPUs, as for the torch engine, and runs our
 **adapter** (``vertumnus worker --engine sglang``), which starts one SGLang server
 per worker of the grouping in force (read from the pod's downward-API ``degrees``
-file) and serves our ``Worker`` gRPC protocol on top of them, so the router and the
+and ``workers`` files) and serves our ``Worker`` gRPC protocol on top of them, so the router and the
 operator treat both engines alike. Keeping every server in one container is what
 lets a split or merge restart only the affected servers (new ``--tp-size`` /
 ``--attn-cp-size``) and keep the pod, its GPUs and the node's page cache of the
@@ -22,21 +22,30 @@ What is rendered, and why:
   over NVLink only. SGLang sets its own NCCL tunables (``NCCL_CUMEM_ENABLE``,
   ``NCCL_NVLS_ENABLE``; ``sglang/srt/entrypoints/engine.py:1885-1920``): not overridden.
 - The model volume (``model.volume``: hostPath or PVC), read-only at ``model.path``.
+- The KV transfer to the decode servers: ``engine.transfer.backend`` (SGLang's
+  ``--disaggregation-transfer-backend``, default mooncake) and, with
+  ``engine.transfer.rdma``, the RDMA NICs as the cluster's device plugin advertises
+  them (``rdma/rdma_shared_device_a: 1``, say) plus ``CAP_IPC_LOCK``, which memory
+  registration needs. Which resource names a cluster has is its own (NVIDIA's network
+  operator, an SR-IOV plugin, …): nothing is requested unless the spec names one.
 - Ports, per pod-local GPU r (a server is named by its worker's first GPU, so the
   ports of every grouping are declared once): ``rank-r`` = ``basePort + r``, the
   adapter's gRPC endpoint the router dials (as for torch); ``http-r`` = 30000 + r,
   SGLang's HTTP server; ``boot-r`` = 8998 + r, its disaggregation bootstrap server,
   which decode servers reach (hence ``--host 0.0.0.0``). KV events (5557 + r, replay
   5657 + r) and NCCL rendezvous (31000 + r) stay inside the container.
-- Probes: a *startup* and a *readiness* probe run
-  ``python3 -m vertumnus.worker.sglang.probe``, which asks every server of the
-  grouping in force for ``/health`` (a kubelet probe names one port; there are up to
-  domain-size servers). *Liveness* is a TCP check of the adapter's rank-0 port, not
-  of the servers: a regroup restarts servers for minutes while the adapter lives,
-  and the kubelet must not kill the container (every other worker) for that. The
-  adapter does not restart a crashed server: it reports the worker unhealthy (its
-  exit code and last output in every call's error) and a regroup that replaces the
-  worker starts a new one.
+- Probes: the *startup* and *readiness* probes are gRPC probes of the adapter's
+  rank-0 endpoint for the health of the pod as a whole (:data:`POD_HEALTH_SERVICE`,
+  ``vertumnus.worker.v1.Pod``): SERVING once the first grouping's servers all
+  answered ``/health``, and from then on while the adapter serves — through a
+  regroup, which restarts servers for minutes, and with a failed worker. Per-worker
+  state is not the kubelet's business: a draining, restarting or failed worker is
+  NOT_SERVING in its own rank's ``Worker`` health and says why in ``Describe``; the
+  routers stop placing there, and the operator replaces a failed worker with a
+  ``replace`` transition (a new worker id in the same place, whose server the adapter
+  starts). So a NotReady domain pod means what it says: the adapter is down or the
+  node is lost, not that a server restarts. *Liveness* is a TCP check of the same
+  port (the adapter's process, not its servers).
 
 The port bases are the defaults of :mod:`vertumnus.worker.sglang.command` and are
 passed explicitly on the adapter's command line (tests/operator/test_sglang_pod.py
@@ -52,6 +61,7 @@ from vertumnus.operator.crd import PoolSpec
 
 __all__ = [
     "HTTP_BASE",
+    "POD_HEALTH_SERVICE",
     "NCCL_ENV",
     "PORT_BASES",
     "SHM_SIZE",
@@ -76,11 +86,11 @@ NCCL_ENV = {
     "NCCL_P2P_LEVEL": "NVL",
 }
 
+POD_HEALTH_SERVICE = "vertumnus.worker.v1.Pod"
+"""The adapter's gRPC health service for the pod as a whole (= vertumnus.worker.service.POD_SERVICE)."""
+
 STARTUP_FAILURES = 90
 """Startup probe attempts, 10 s apart: 15 minutes to load the weights and capture graphs."""
-PROBE_TIMEOUT_S = 30
-"""Per probe run: SGLang's /health gives up after 20 s (http_server.py:218), the probe's
-own calls after 25 s."""
 
 
 def adapter_command(spec: PoolSpec, podinfo: str) -> list[str]:
@@ -95,6 +105,8 @@ def adapter_command(spec: PoolSpec, podinfo: str) -> list[str]:
         str(spec.gpus_per_domain),
         "--degrees",
         f'"$(cat {podinfo}/degrees)"',
+        "--worker-ids",
+        f'"$(cat {podinfo}/workers)"',
         "--model",
         shlex.quote(m.path),
         "--served-model-name",
@@ -119,49 +131,48 @@ def adapter_command(spec: PoolSpec, podinfo: str) -> list[str]:
         str(PORT_BASES["replay"]),
         "--nccl-base-port",
         str(PORT_BASES["nccl"]),
+        "--transfer-backend",
+        e.transfer_backend,
     ]
     # A shell reads the grouping in force at (re)start from the downward-API file.
     return ["sh", "-c", "exec " + " ".join(args)]
 
 
-def _probe(podinfo: str, failures: int) -> dict[str, Any]:
-    command = [
-        "python3",
-        "-m",
-        "vertumnus.worker.sglang.probe",
-        "--degrees-file",
-        f"{podinfo}/degrees",
-        "--http-base-port",
-        str(HTTP_BASE),
-        "--timeout",
-        "25",
-    ]
+def _probe(port: int, failures: int) -> dict[str, Any]:
     return {
-        "exec": {"command": command},
+        "grpc": {"port": port, "service": POD_HEALTH_SERVICE},
         "periodSeconds": 10,
-        "timeoutSeconds": PROBE_TIMEOUT_S,
+        "timeoutSeconds": 5,
         "failureThreshold": failures,
     }
 
 
 def container(spec: PoolSpec, podinfo: str) -> dict[str, Any]:
     """The engine container (without the pool's common env and mounts: resources.py adds them)."""
-    g, base = spec.gpus_per_domain, spec.engine.base_port
+    e = spec.engine
+    g, base = spec.gpus_per_domain, e.base_port
     ports = [{"name": f"rank-{r}", "containerPort": base + r} for r in range(g)]
     ports += [{"name": f"http-{r}", "containerPort": HTTP_BASE + r} for r in range(g)]
     ports += [{"name": f"boot-{r}", "containerPort": PORT_BASES["bootstrap"] + r} for r in range(g)]
-    return {
+    limits = {GPU_RESOURCE: str(g)}
+    body: dict[str, Any] = {
         "name": "engine",
-        "image": spec.engine.image,
+        "image": e.image,
         "command": adapter_command(spec, podinfo),
         "env": [{"name": k, "value": v} for k, v in NCCL_ENV.items()],
         "ports": ports,
-        "resources": {"limits": {GPU_RESOURCE: str(g)}},
+        "resources": {"limits": limits},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-        "startupProbe": _probe(podinfo, STARTUP_FAILURES),
-        "readinessProbe": _probe(podinfo, 3),
+        "startupProbe": _probe(base, STARTUP_FAILURES),
+        "readinessProbe": _probe(base, 3),
         "livenessProbe": {"tcpSocket": {"port": base}, "periodSeconds": 10, "failureThreshold": 6},
     }
+    if e.rdma_resource:
+        # The RDMA NICs come from the cluster's device plugin; registering GPU memory
+        # with them pins pages, which needs CAP_IPC_LOCK (an unlimited memlock).
+        limits[e.rdma_resource] = str(e.rdma_count)
+        body["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    return body
 
 
 def volumes(spec: PoolSpec) -> list[dict[str, Any]]:

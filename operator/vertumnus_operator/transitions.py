@@ -1,4 +1,4 @@
-"""Executing split/merge as epoch transitions: the core's state machine, the router's Admin API.
+"""Executing split/merge/replace as epoch transitions: the core's state machine, the router's Admin API.
 
 :class:`TransitionRunner` owns one pool's :class:`~vertumnus.operator.record.Record` and
 carries each transition through the phases of :mod:`vertumnus.core.transition`:
@@ -186,8 +186,21 @@ class TransitionRunner:
         self._spawn(started)
         return True
 
+    async def replace(self, worker: int, failure: str) -> bool:
+        """Begin swapping a failed worker for a new one of the same degree in the same
+        place (a router reported it FAILED: ``failure`` says why); False if the state
+        machine refuses (an Event says why)."""
+        async with self.lock:
+            op = tr.Replace(worker, f"worker failed: {failure}")
+            record, started = await self._begin(self.record, (op,), by_hand=True)
+            if not started:
+                return False
+            await self._write(record)
+        self._spawn(started)
+        return True
+
     async def _begin(
-        self, record: Record, ops: Sequence[planner.Op], by_hand: bool = False
+        self, record: Record, ops: Sequence[tr.Op], by_hand: bool = False
     ) -> tuple[Record, list[tr.Action]]:
         started: list[tr.Action] = []
         pool = record.pool

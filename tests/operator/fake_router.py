@@ -7,6 +7,7 @@ regroups, and has knobs a test turns:
 
 - :meth:`FakeRouter.set_demand` — what each ``TakeWindow(hop)`` reports (the same report
   for a repeated hop, as the real API promises);
+- :meth:`FakeRouter.fail_worker` — a worker GetPool reports FAILED (until replaced);
 - ``drain_delay_s`` and :meth:`hold_drains` / :meth:`release_drains` — how long a Drain
   takes, or hold every drain until released (to kill an operator mid-transition);
 - ``on_drain`` / ``on_switch`` — callbacks run inside the RPC (a unit test checks there
@@ -51,6 +52,7 @@ class _Worker:
     domain: int
     offset: int
     state: int = pool_pb2.WorkerStatus.SERVING
+    failure: str = ""
 
 
 @dataclass
@@ -123,6 +125,12 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
         with self._lock:
             self._placed = list(rows)
 
+    def fail_worker(self, worker: int, why: str) -> None:
+        """Report ``worker`` FAILED (its engine cannot serve it) until a Switch replaces it."""
+        with self._lock:
+            w = self.workers[worker]
+            w.state, w.failure = pool_pb2.WorkerStatus.FAILED, why
+
     def hold_drains(self) -> None:
         self._released.clear()
 
@@ -167,7 +175,12 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
         with self._lock:
             ws = [
                 pool_pb2.WorkerStatus(
-                    worker=i, degree=w.degree, domain=w.domain, offset=w.offset, state=w.state
+                    worker=i,
+                    degree=w.degree,
+                    domain=w.domain,
+                    offset=w.offset,
+                    state=w.state,
+                    failure=w.failure,
                 )
                 for i, w in sorted(self.workers.items())
             ]
@@ -181,7 +194,7 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
         with self._lock:
             self.drains.append((request.worker, time.time()))
             w = self.workers.get(request.worker)
-            if w is not None:
+            if w is not None and not w.failure:
                 w.state = (
                     pool_pb2.WorkerStatus.SERVING
                     if request.resume

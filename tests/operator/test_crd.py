@@ -89,6 +89,10 @@ def test_the_parser_defaults_are_the_crd_defaults():
     spec = crd.parse_spec(MINIMAL)
     defaults = _defaults(_schema())
     defaults["engine"] = _defaults(_schema()["properties"]["engine"])
+    # engine.transfer is nested in the CRD, flat in the parser (transfer_backend).
+    transfer = defaults["engine"].pop("transfer")
+    assert transfer == {"backend": "mooncake"} and spec.engine.transfer_backend == "mooncake"
+    assert spec.engine.rdma_resource == ""
     checked = 0
     for key, value in defaults.items():
         attr = getattr(spec, _CAMEL.get(key, key))
@@ -116,7 +120,7 @@ def test_every_cel_rule_names_its_field():
         return out
 
     found = rules(_schema())
-    assert len(found) == 10
+    assert len(found) == 12
     assert all(r.get("fieldPath", "").startswith(".") and r.get("message") for r in found)
 
 
@@ -135,6 +139,14 @@ def test_every_cel_rule_names_its_field():
         ),
         ({"engine": {"image": ""}}, "spec.engine.image"),
         ({"engine": {"image": "x", "dtype": "fp8"}}, "spec.engine.dtype"),
+        (
+            {"engine": {"image": "x", "transfer": {"backend": "tcp"}}},
+            "spec.engine.transfer.backend",
+        ),
+        (
+            {"engine": {"image": "x", "transfer": {"rdma": {"resource": "rdma/hca"}}}},
+            "spec.engine.transfer.rdma",
+        ),
         ({"placement": {"beta": 0.5}}, "spec.placement.beta"),
         ({"placement": {"beta": 3.0, "betaBusy": 2.0}}, "spec.placement.betaBusy"),
         ({"controller": {"lower": 0.95}}, "spec.controller.lower"),

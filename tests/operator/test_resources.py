@@ -38,6 +38,7 @@ def test_a_domain_pod_holds_the_domain_and_its_grouping_as_annotations():
     assert meta["annotations"][res.ANN_GROUPING] == "3:CP4@0,4:CP4@4"
     assert meta["annotations"][res.ANN_EPOCH] == "7"
     assert meta["annotations"][res.ANN_DEGREES] == "4,4"
+    assert meta["annotations"][res.ANN_WORKERS] == "3,4"
     assert meta["ownerReferences"] == [
         {
             "apiVersion": "vertumnus.io/v1alpha1",
@@ -52,6 +53,12 @@ def test_a_domain_pod_holds_the_domain_and_its_grouping_as_annotations():
     assert len(c["ports"]) == 8 and c["ports"][7]["containerPort"] == 50058
     cmd = c["command"][2]
     assert "vertumnus serve --ranks 8" in cmd and "$(cat /etc/vertumnus/pod/degrees)" in cmd
+    # The ids too: a restarted engine (or domain 1's) must serve the pool-level ids the
+    # routers and the status know, not ids counted from its own ranks.
+    assert '--worker-ids "$(cat /etc/vertumnus/pod/workers)"' in cmd
+    items = next(v for v in body["volumes"] if v["name"] == "podinfo")["downwardAPI"]["items"]
+    files = {i["path"]: i["fieldRef"]["fieldPath"] for i in items}
+    assert files["workers"] == "metadata.annotations['vertumnus.io/workers']"
     assert "--model '/m/Qwen 3'" in cmd
     assert body["schedulingGroup"] == {"podGroupName": "pool"}
     assert body["tolerations"] == [TOL] and body["nodeSelector"] == {"gpu": "h200"}

@@ -27,7 +27,12 @@ def pool_states(draw):
         choice = draw(st.integers(0, 2))
         busy = pool.busy()
         if choice == 0:
-            ops: list[planner.Op] = [
+            ops: list[tr.Op] = [
+                tr.Replace(s.worker, "worker failed: exit 1")
+                for s in pool.layout.slots
+                if s.worker not in busy
+            ]
+            ops += [
                 planner.Split(s.worker, "s")
                 for s in pool.layout.slots
                 if s.degree > 2 and s.worker not in busy
@@ -72,6 +77,16 @@ def test_a_controller_state_mid_transition_round_trips():
     record = Record(tr.initial_pool(layout), state, hop=8, seq=3, started=((1, 12.5),))
     again = decode_record(json.loads(json.dumps(encode_record(record))))
     assert again == record
+
+
+def test_the_planner_never_has_a_replacement_pending():
+    cap = load_capacity("qwen3-30b-a3b/h200")
+    ps = planner.PlannerSettings(window_s=30.0, hop_s=10.0, degrees=(4, 8))
+    layout = layout_for(planner.Composition.parse("1xCP8"), 8)
+    raw = serialize.encode_controller(Controller(planner.initial_state(layout), cap, ps).state)
+    raw["pending"] = [{"replace": 0, "reason": "x"}]
+    with pytest.raises(serialize.StateError, match=r"pending\[0\]: the planner never asks"):
+        serialize.decode_controller(raw)
 
 
 def test_a_bad_record_names_the_field():

@@ -80,21 +80,60 @@ def test_ports_of_every_server_and_the_adapter():
     assert len(set(all_ports)) == len(all_ports)
 
 
-def test_probes_check_every_server_and_liveness_the_adapter():
+def test_probes_ask_the_adapter_for_the_pod_and_liveness_its_port():
+    from vertumnus.worker.service import POD_SERVICE
+
     (c,) = _pod(_spec())["spec"]["containers"]
+    assert sglang_pod.POD_HEALTH_SERVICE == POD_SERVICE  # the operator does not import it
     for probe in ("startupProbe", "readinessProbe"):
-        cmd = c[probe]["exec"]["command"]
-        assert cmd[:3] == ["python3", "-m", "vertumnus.worker.sglang.probe"]
-        assert cmd[cmd.index("--degrees-file") + 1] == "/etc/vertumnus/pod/degrees"
-        assert cmd[cmd.index("--http-base-port") + 1] == "30000"
-        # SGLang's /health waits up to 20 s for the scheduler; the probe's calls 25 s.
-        assert c[probe]["timeoutSeconds"] > float(cmd[cmd.index("--timeout") + 1]) > 20
+        # The pod's health, not every server's: a regroup or a failed worker keeps it Ready.
+        assert c[probe]["grpc"] == {"port": 50051, "service": "vertumnus.worker.v1.Pod"}
+        assert "exec" not in c[probe]
     assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 600
+    assert c["readinessProbe"]["failureThreshold"] == 3
     assert c["livenessProbe"] == {
         "tcpSocket": {"port": 50051},
         "periodSeconds": 10,
         "failureThreshold": 6,
     }
+
+
+def _with_transfer(transfer):
+    return _spec(engine={"image": "sglang-vt:0.5.23", "kind": "sglang", "transfer": transfer})
+
+
+def test_the_transfer_backend_and_rdma_devices_are_rendered_when_asked():
+    (plain,) = _pod(_spec())["spec"]["containers"]
+    assert "--transfer-backend mooncake" in plain["command"][2]
+    assert set(plain["resources"]["limits"]) == {"nvidia.com/gpu"}
+    assert "securityContext" not in plain  # nothing the cluster may not have
+    transfer = {"backend": "nixl", "rdma": {"resource": "rdma/rdma_shared_device_a", "count": 2}}
+    (c,) = _pod(_with_transfer(transfer))["spec"]["containers"]
+    assert "--transfer-backend nixl" in c["command"][2]
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "8", "rdma/rdma_shared_device_a": "2"}
+    assert c["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+
+
+@pytest.mark.parametrize(
+    "rdma, field, text",
+    [
+        ({"count": 1}, "spec.engine.transfer.rdma.resource", "Required value"),
+        ({"resource": "hca"}, "spec.engine.transfer.rdma.resource", "DOMAIN/NAME"),
+        ({"resource": "nvidia.com/gpu"}, "spec.engine.transfer.rdma.resource", "not nvidia.com"),
+        ({"resource": "rdma/hca", "count": 0}, "spec.engine.transfer.rdma.count", ">= 1"),
+    ],
+)
+def test_bad_rdma_devices_name_the_field(rdma, field, text):
+    with pytest.raises(SpecError) as err:
+        _with_transfer({"rdma": rdma})
+    assert err.value.field == field and text in str(err.value), str(err.value)
+
+
+def test_the_backends_are_sglangs():
+    from vertumnus.operator.crd import TRANSFER_BACKENDS
+    from vertumnus.worker.sglang.command import TRANSFER_BACKENDS as SGLANG
+
+    assert TRANSFER_BACKENDS == SGLANG
 
 
 def test_the_pod_spec_does_not_depend_on_the_grouping():
@@ -118,7 +157,10 @@ def test_the_adapter_command_is_one_the_worker_cli_accepts(capsys):
     (c,) = _pod(_spec())["spec"]["containers"]
     sh, dash_c, line = c["command"]
     assert (sh, dash_c) == ("sh", "-c") and line.startswith("exec vertumnus worker --engine sglang")
-    words = shlex.split(line.replace('"$(cat /etc/vertumnus/pod/degrees)"', "4,2,2"))[2:]
+    line = line.replace('"$(cat /etc/vertumnus/pod/degrees)"', "4,2,2")
+    line = line.replace('"$(cat /etc/vertumnus/pod/workers)"', "7,12,13")
+    words = shlex.split(line)[2:]
+    assert words[words.index("--worker-ids") + 1] == "7,12,13"
     assert main([*words, "--print-command", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [s["offset"] for s in doc["servers"]] == [0, 4, 6]

@@ -266,3 +266,71 @@ def test_an_operation_by_hand_restarts_the_planner_from_the_new_layout(router):
     assert str(store.last.pool.layout.composition) == "2xCP4+1xCP8"
     assert controller.state.layout == store.last.pool.layout and controller.state.pending == ()
     assert store.last.controller == controller.state
+
+
+def test_a_failed_worker_is_replaced_in_its_place_and_the_planner_starts_over(router):
+    """A router reports worker 1 FAILED: the runner drains it, switches the domain to a
+    new worker of the same degree at the same GPUs (kind ``replace``), commits, and the
+    planner restarts from the new layout."""
+    layout = _layout("2xCP4+1xCP8")
+    controller = Controller(
+        planner.initial_state(layout),
+        CAPACITY,
+        planner.PlannerSettings(window_s=1.0, domain_size=8, degrees=(4, 8), check_hops=1),
+    )
+    record, store = _fresh("2xCP4+1xCP8")
+    router.set_layout([(s.worker, s.degree, s.domain, s.offset) for s in layout.slots])
+    failed = next(s for s in layout.slots if s.degree == 4 and s.offset == 4)
+    router.fail_worker(failed.worker, "its SGLang server (pid 9) exited with code 7")
+    events, pods = MemoryEvents(), Pods()
+
+    async def go():
+        runner, admin = _runner(record, store, router, events, pods, controller)
+        reported = await admin.failed_workers()
+        assert await runner.replace(failed.worker, reported[failed.worker])
+        await runner.wait()
+        await admin.close()
+        return reported
+
+    reported = asyncio.run(go())
+    assert reported == {failed.worker: "its SGLang server (pid 9) exited with code 7"}
+    (switch,) = router.applied
+    assert switch.kind == "replace" and switch.removed == (failed.worker,)
+    new = record.pool.next_worker
+    assert (new, 4, failed.domain, 4) in switch.grouping
+    assert [w for w, _ in router.drains] == [failed.worker]
+    last = store.last.last_transition
+    assert last["kind"] == "replace" and last["removed"] == [failed.worker]
+    assert last["added"] == [new] and "exited with code 7" in last["reason"]
+    assert str(store.last.pool.layout.composition) == "2xCP4+1xCP8"
+    assert store.last.pool.layout.slot(new).offset == 4
+    assert controller.state.layout == store.last.pool.layout and controller.state.pending == ()
+    assert failed.worker not in router.workers and not router.workers[new].failure
+    assert pods.grouping[failed.domain][0] == 2  # the pod's annotations follow
+
+
+def test_replacements_of_one_place_back_off_and_start_over():
+    from vertumnus.core.lattice import Slot
+    from vertumnus.operator.pool import Repairs
+
+    r = Repairs(base_s=30.0, max_s=120.0, reset_s=1000.0, every_s=2.0)
+    place, other = Slot(1, 4, 0, 4), Slot(5, 4, 1, 0)
+    assert r.due(0.0) and not r.due(1.0) and r.due(2.0)
+    assert r.may_replace(place, 0.0)
+    r.replaced(place, 0.0)
+    # The new worker in the same place (a new id) failed again: 30 s, then 60, 120, 120.
+    same_place = Slot(9, 4, 0, 4)
+    assert not r.may_replace(same_place, 29.0) and r.may_replace(same_place, 30.0)
+    assert r.may_replace(other, 1.0)  # another place is not held back
+    r.replaced(same_place, 30.0)
+    assert not r.may_replace(place, 89.0) and r.may_replace(place, 90.0)
+    r.replaced(place, 90.0)
+    assert not r.may_replace(place, 209.0) and r.may_replace(place, 210.0)
+    r.replaced(place, 210.0)
+    assert not r.may_replace(place, 329.0) and r.may_replace(place, 330.0)  # at most 120 s
+    assert r.may_replace(place, 210.0 + 1001.0)  # not replaced for reset_s: starts over
+    r.seen({9: (same_place, "exited with code 7")})
+    (problem,) = r.problems()
+    assert problem.reason == "WorkerFailed" and "worker 9 (CP4, domain 0)" in problem.message
+    r.seen({})
+    assert r.problems() == []
