@@ -193,7 +193,8 @@ def cppool(
         "gpus": gpus,
         "engine": {"image": "ghcr.io/vertumnus/vertumnus:0.1.0"},
         "redis": {"mode": "none"},
-        "controller": {"windowSeconds": 1},
+        # The stand-in router reports the same demand at every take: one take per window.
+        "controller": {"windowSeconds": 1, "checksPerWindow": 1},
         "scheduling": {
             "tolerations": [FAKE_TOLERATION],
             **({"nodeSelector": node_label} if node_label else {}),

@@ -332,6 +332,30 @@ def test_demand_splits_then_merges_with_the_same_pods(k8s, operator, namespace, 
         k8s.kubectl("delete", "cppool", "elastic", "-n", namespace, "--timeout=30s")
 
 
+def test_the_what_if_check_looks_between_windows(k8s, operator, namespace, fake_router):
+    """checksPerWindow 4 on 2 s windows: the operator reads the routers every 0.5 s (the
+    rules still read whole windows), where one take per window would give 3 in 6 s."""
+    with gpu_nodes(k8s, 2) as label:
+        ops.apply(
+            k8s,
+            cppool(
+                "looks",
+                namespace,
+                16,
+                label,
+                controller={"windowSeconds": 2, "checksPerWindow": 4},
+            ),
+        )
+        wait_for("Ready", 30, _ready(k8s, namespace, "looks", "2xCP8"))
+        _annotate_router(k8s, namespace, "looks", fake_router)
+        wait_for("a first take", 20, lambda: fake_router.takes)
+        time.sleep(6.0)
+        hops = sorted({hop for hop, _ in fake_router.takes})
+        assert len(hops) >= 8, fake_router.takes
+        assert hops == list(range(1, len(hops) + 1))  # consecutive, none skipped
+        k8s.kubectl("delete", "cppool", "looks", "-n", namespace, "--timeout=30s")
+
+
 def test_a_pinned_composition_and_spec_changes(k8s, operator, namespace, fake_router):
     with gpu_nodes(k8s, 2) as label:
         ops.apply(

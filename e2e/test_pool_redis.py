@@ -143,16 +143,20 @@ def test_two_routers_on_one_redis_see_the_same_index(engine, redis) -> None:
                     and any(a.router.store.worker_keys(w) for w in (0, 1))
                 )
             )
+            views = {
+                name: {w: sorted(x.router.store.worker_keys(w)) for w in (0, 1)}
+                for name, x in (("a", a), ("b", b))
+            }
             async with grpc.aio.insecure_channel(b.address) as ch:
                 r = await _send(pool_pb2_grpc.PrefillStub(ch), "via-b", items[0])
-            return same, seen_external, r
+            return same, seen_external, r, views
         finally:
             watcher.cancel()
             await b.stop()
             await a.stop()
 
-    same, seen_external, r = asyncio.run(scenario())
-    assert same  # B, following Redis, has A's index
+    same, seen_external, r, views = asyncio.run(scenario())
+    assert same, views  # B, following Redis, has A's index
     assert seen_external > 0  # B saw A's outstanding work through the load board
     assert r.cached_tokens > 0  # and places on it: a prefix A's requests left is a hit through B
 

@@ -119,11 +119,18 @@ class ControllerSpec:
     drain_timeout_seconds: int = 60
     learn_capacity: bool = False
     whatif: bool = True
+    checks_per_window: int = 8
 
     @property
     def hop(self) -> int:
-        """Seconds between two evaluations (``hopSeconds`` 0 means the window)."""
+        """Seconds between two of the rules' windows (``hopSeconds`` 0 means the window)."""
         return self.hop_seconds or self.window_seconds
+
+    @property
+    def check_hops(self) -> int:
+        """Evaluations per window: ``checksPerWindow`` with the what-if check and disjoint
+        windows (it looks between the rules' windows), else 1."""
+        return self.checks_per_window if self.whatif and self.hop_seconds == 0 else 1
 
 
 @dataclass(frozen=True)
@@ -198,9 +205,8 @@ class PoolSpec:
         return planner.PlannerSettings(
             window_s=float(c.window_seconds),
             hop_s=float(c.hop_seconds),
-            # The operator evaluates every hopSeconds (or windowSeconds) itself: its
-            # what-if check reads each window once, not between windows.
-            check_hops=1,
+            # The operator reads the routers every window / check_hops (PlannerSettings.hop).
+            check_hops=c.check_hops,
             upper=c.upper,
             lower=c.lower,
             merge_admit=c.merge_admit,
@@ -460,6 +466,7 @@ def parse_spec(
         drain_timeout_seconds=_int(c, "drainTimeoutSeconds", cp, 60, 1, 3600),
         learn_capacity=_bool(c, "learnCapacity", cp, False),
         whatif=_bool(c, "whatif", cp, True),
+        checks_per_window=_int(c, "checksPerWindow", cp, 8, 1, 64),
     )
     if not controller.lower < controller.upper:
         raise SpecError(f"{cp}.lower", "lower must be < upper")

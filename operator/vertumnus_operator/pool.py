@@ -532,7 +532,8 @@ class PoolRuntime:
                     "Normal",
                     "ControllerUpdated",
                     f"controller {'on' if spec.controller.enabled else 'off'} (window "
-                    f"{spec.controller.window_seconds} s, hop {spec.controller.hop} s, thresholds "
+                    f"{spec.controller.window_seconds} s, hop {spec.controller.hop} s, "
+                    f"{spec.controller.check_hops} look(s) per window, thresholds "
                     f"{spec.controller.lower}/{spec.controller.upper}); applied now",
                 )
         # No forget(): what the change alters renders differently and is applied next step.
@@ -622,7 +623,9 @@ class PoolRuntime:
             return
         if runner.controller is None:
             return
-        hop = float(spec.controller.hop)
+        # Every hop of the controller: a window (or hopSeconds), or window / checksPerWindow
+        # when the what-if check looks between the rules' windows.
+        hop = runner.controller.settings.hop
         now = time.monotonic()
         if self.next_hop is None:
             self.next_hop = now + hop
@@ -659,7 +662,8 @@ class PoolRuntime:
         try:
             failed = await admin.failed_workers()
         except AdminError as e:
-            log.info("%s/%s: cannot read the workers' state: %s", self.namespace, self.name, e)
+            # A router that does not answer is reported by the window reads (RouterUnavailable).
+            log.debug("%s/%s: cannot read the workers' state: %s", self.namespace, self.name, e)
             return False
         layout = runner.record.pool.layout
         in_pool = {s.worker: s for s in layout.slots}

@@ -131,7 +131,12 @@ class TransitionRunner:
             raise RuntimeError("no controller: the composition is pinned or the controller is off")
         async with self.lock:
             pool = self.record.pool
-            tick = ctl.feed(self.controller, window, pool.layout, bool(pool.transitions))
+            # On a thread: at 1,024 GPUs the what-if check replays for tens of ms, every
+            # look, and the event loop serves every other pool meanwhile (the compiled
+            # replay releases the GIL). The controller is only touched under the lock.
+            tick = await asyncio.to_thread(
+                ctl.feed, self.controller, window, pool.layout, bool(pool.transitions)
+            )
             ops = tick.ops if tick is not None else ()
             record = replace(self.record, hop=window.hop)
             if tick is not None and tick.whatif is not None:

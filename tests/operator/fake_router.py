@@ -68,6 +68,8 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
     drains: list[tuple[int, float]] = field(default_factory=list)
     switches: list[SwitchCall] = field(default_factory=list)
     windows: dict[int, pool_pb2.WindowReport] = field(default_factory=dict)
+    takes: list[tuple[int, float]] = field(default_factory=list)
+    """Every TakeWindow call: (hop, when)."""
     epoch: int = 1
     fail_next_drain: grpc.StatusCode | None = None
     """The next Drain fails with this code (then serving resumes)."""
@@ -265,6 +267,7 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
 
     def TakeWindow(self, request, context):  # noqa: N802
         with self._lock:
+            self.takes.append((request.hop, time.time()))
             report = self.windows.get(request.hop)
             if report is None:
                 d, n, long_n, long_d = self._demand

@@ -75,6 +75,7 @@ _CAMEL = {
     "drainTimeoutSeconds": "drain_timeout_seconds",
     "learnCapacity": "learn_capacity",
     "whatif": "whatif",
+    "checksPerWindow": "checks_per_window",
     "thetaInter": "theta_inter",
     "thetaIntra": "theta_intra",
     "thetaReclaim": "theta_reclaim",
