@@ -586,3 +586,19 @@ def test_vertumnus_worker_runs_the_adapter_until_sigterm(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_repair_benchmark_runs_one_round(tmp_path):
+    """bench/sglang_repair.py end to end (one round): its figures are there and sane."""
+    out = tmp_path / "repair.json"
+    bench = Path(__file__).resolve().parents[2] / "bench" / "sglang_repair.py"
+    done = subprocess.run(
+        [sys.executable, str(bench), "--rounds", "1", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["rounds"]
+    assert set(row) == {"detect_s", "replace_s", "first_answer_s"}
+    assert all(0 < v < 60 for v in row.values()), row
