@@ -9,9 +9,9 @@ owned by the CPPool, so deleting it lets the garbage collector remove them all):
   annotations (``vertumnus.io/grouping: 0:CP4@0,1:CP4@4``, ``vertumnus.io/epoch``,
   ``vertumnus.io/degrees: 4,4``, ``vertumnus.io/workers: 0,1``). The container reads
   the degrees and the worker ids from downward-API files, so the pod spec never depends
-  on the grouping: a split or merge rewrites
-  annotations and leaves the pod (and its UID) alone; a restarted container rejoins with
-  the grouping in force. With ``engine.kind: sglang`` the container runs the SGLang
+  on the grouping: a split or merge rewrites annotations and leaves the pod (and its
+  UID) alone; a restarted container rejoins with the grouping in force, under the ids
+  the routers and the status know. With ``engine.kind: sglang`` the container runs the SGLang
   adapter instead, one SGLang server per worker (:mod:`vertumnus.operator.sglang_pod`);
   ``model.volume`` (hostPath or PVC) is mounted read-only at ``model.path`` for both.
 - the gang object (:mod:`vertumnus.operator.gang`), named ``P``;

@@ -3,8 +3,8 @@
 One container holds all the domain's GPUs, as for the torch engine, and runs our
 **adapter** (``vertumnus worker --engine sglang``), which starts one SGLang server
 per worker of the grouping in force (read from the pod's downward-API ``degrees``
-and ``workers`` files) and serves our ``Worker`` gRPC protocol on top of them, so the router and the
-operator treat both engines alike. Keeping every server in one container is what
+and ``workers`` files) and serves our ``Worker`` gRPC protocol on top of them, so
+the router and the operator treat both engines alike. Keeping every server in one container is what
 lets a split or merge restart only the affected servers (new ``--tp-size`` /
 ``--attn-cp-size``) and keep the pod, its GPUs and the node's page cache of the
 weights; a container per server would need a new pod for every regroup.
