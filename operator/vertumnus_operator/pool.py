@@ -15,9 +15,10 @@ second, four times a second while pods are being placed, every 2 s for a pool st
 4. observe pods and gang, write the status if it changed;
 5. once every domain pod is ready: replace a worker a router reports failed (its engine
    cannot serve it: an SGLang server that exited), or start a split or merge asked for
-   by annotation, or every ``hopSeconds`` read the window from the routers and let the
-   controller decide, or take the next step toward a pinned composition; transitions run
-   in the background (:mod:`vertumnus.operator.transitions`).
+   by annotation, or every hop (``hopSeconds``, or ``windowSeconds / checksPerWindow``)
+   read the window from the routers and let the controller decide, or take the next step
+   toward a pinned composition; transitions run in the background
+   (:mod:`vertumnus.operator.transitions`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any, Protocol
 from vertumnus.core import planner
 from vertumnus.core import transition as tr
 from vertumnus.core.control import Controller
-from vertumnus.core.lattice import Layout, Slot, layout_for
+from vertumnus.core.lattice import Layout, layout_for
 from vertumnus.core.transition import SWITCH_TIMEOUT_S
 from vertumnus.operator import resources as res
 from vertumnus.operator.crd import (
@@ -50,6 +51,7 @@ from vertumnus.operator.events import KubeEvents
 from vertumnus.operator.kube import KubeClient, NotFound, object_path
 from vertumnus.operator.reconcile import Reconciler
 from vertumnus.operator.record import LostRecord, Record, decode_record
+from vertumnus.operator.repairs import Repairs
 from vertumnus.operator.routerapi import AdminError, RouterAdmin
 from vertumnus.operator.serialize import StateError
 from vertumnus.operator.status import Observation, Problem, StatusStore, build_status
@@ -94,65 +96,6 @@ async def router_addresses(kube: KubeClient, obj: Mapping[str, Any], spec: PoolS
             if port and (ep.get("conditions") or {}).get("ready", True):
                 out.extend(f"{a}:{port}" for a in ep.get("addresses") or [])
     return sorted(out)
-
-
-class Repairs:
-    """When a failed worker's place may be given a new worker (backoff per place).
-
-    A place (domain, offset, degree) whose new worker fails again waits
-    ``base_s`` · 2^(n−1) after its n-th replacement, at most ``max_s`` — as a kubelet
-    backs off a crash-looping container — so a server that cannot start (a bad model
-    path, a broken GPU) is not restarted in a tight loop. A place not replaced for
-    ``reset_s`` starts over. Nothing here is persisted: an operator restart forgets
-    the backoff, not the failure (the routers still report it)."""
-
-    def __init__(
-        self,
-        base_s: float = 30.0,
-        max_s: float = 600.0,
-        reset_s: float = 1800.0,
-        every_s: float = 2.0,
-    ) -> None:
-        self.base_s, self.max_s, self.reset_s, self.every_s = base_s, max_s, reset_s, every_s
-        self._count: dict[tuple[int, int, int], tuple[int, float]] = {}
-        """place → (replacements, when the last one began)."""
-        self._failed: dict[int, tuple[Slot, str]] = {}
-        self._looked = float("-inf")
-
-    @staticmethod
-    def _place(slot: Slot) -> tuple[int, int, int]:
-        return (slot.domain, slot.offset, slot.degree)
-
-    def due(self, now: float) -> bool:
-        """Time to ask the routers again (every ``every_s``)."""
-        if now - self._looked < self.every_s:
-            return False
-        self._looked = now
-        return True
-
-    def seen(self, failed: Mapping[int, tuple[Slot, str]]) -> None:
-        self._failed = dict(failed)
-
-    def may_replace(self, slot: Slot, now: float) -> bool:
-        count, last = self._count.get(self._place(slot), (0, float("-inf")))
-        if now - last > self.reset_s:
-            count = 0
-        wait = 0.0 if count == 0 else min(self.max_s, self.base_s * 2 ** (count - 1))
-        return now - last >= wait
-
-    def replaced(self, slot: Slot, now: float) -> None:
-        count, _ = self._count.get(self._place(slot), (0, 0.0))
-        self._count[self._place(slot)] = (count + 1, now)
-
-    def problems(self) -> list[Problem]:
-        return [
-            Problem(
-                "Degraded",
-                "WorkerFailed",
-                f"worker {w} (CP{slot.degree}, domain {slot.domain}) cannot serve: {why}",
-            )
-            for w, (slot, why) in sorted(self._failed.items())
-        ]
 
 
 def _shape(layout: Layout) -> tuple[int, int]:

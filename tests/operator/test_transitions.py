@@ -311,7 +311,7 @@ def test_a_failed_worker_is_replaced_in_its_place_and_the_planner_starts_over(ro
 
 def test_replacements_of_one_place_back_off_and_start_over():
     from vertumnus.core.lattice import Slot
-    from vertumnus.operator.pool import Repairs
+    from vertumnus.operator.repairs import Repairs
 
     r = Repairs(base_s=30.0, max_s=120.0, reset_s=1000.0, every_s=2.0)
     place, other = Slot(1, 4, 0, 4), Slot(5, 4, 1, 0)
