@@ -72,7 +72,8 @@ class Engine:
     def rank_address(self, rank: int) -> str:
         return f"127.0.0.1:{self.base_port + rank}"
 
-    def start(self, timeout_s: float = 180.0) -> Engine:
+    def command(self) -> list[str]:
+        """The engine's command line (a subclass runs another engine on the same ports)."""
         cmd = [
             sys.executable,
             "-m",
@@ -93,8 +94,12 @@ class Engine:
         ]
         if self.worker_ids is not None:
             cmd += ["--worker-ids", ",".join(map(str, self.worker_ids))]
+        return cmd
+
+    def start(self, timeout_s: float = 180.0) -> Engine:
+        """Start the process; return once rank 0 answers Describe (or fail naming the log)."""
         self.proc = subprocess.Popen(
-            load_redis_helper().with_parent_death(cmd),
+            load_redis_helper().with_parent_death(self.command()),
             stdout=self.log.open("ab"),
             stderr=subprocess.STDOUT,
             start_new_session=True,

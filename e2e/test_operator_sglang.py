@@ -16,11 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -30,63 +26,41 @@ import grpc
 import pytest
 from e2e_operator_support import cppool, engine_pods, events, gpu_nodes, pool_status, wait_for
 
-from vertumnus._proto import pool_pb2, pool_pb2_grpc, worker_pb2, worker_pb2_grpc
+from vertumnus._proto import pool_pb2, pool_pb2_grpc
 
 pytest.importorskip("zmq", reason="the SGLang adapter's event subscriber needs pyzmq")
 
 STANDIN = Path(__file__).resolve().parents[1] / "tests" / "worker" / "sglang_standin.py"
 
 
-class Adapter:
-    """``vertumnus worker --engine sglang`` over stand-in servers, as a process."""
+class Adapter(ps.Engine):
+    """``vertumnus worker --engine sglang`` over stand-in servers, as a process (the torch
+    engine's helper with the adapter's command: the same ports, start and stop)."""
 
     def __init__(self, degrees: list[int], worker_ids: list[int], model: Path, log: Path) -> None:
-        self.world = sum(degrees)
-        self.base = ps.free_base(6 * self.world)
-        w = self.world
-        self.http_base = self.base + w
-        self.argv = [
+        world = sum(degrees)
+        super().__init__(
+            world, degrees, log, worker_ids=worker_ids, base_port=ps.free_base(6 * world)
+        )
+        self.model = model
+        self.http_base = self.base_port + world
+
+    def command(self) -> list[str]:
+        w, base = self.ranks, self.base_port
+        return [
             sys.executable, "-m", "vertumnus", "worker", "--engine", "sglang",
-            "--degrees", ",".join(map(str, degrees)),
-            "--worker-ids", ",".join(map(str, worker_ids)),
-            "--model", str(model), "--block-size", "16", "--max-tokens", "2048",
+            "--degrees", ",".join(map(str, self.degrees)),
+            "--worker-ids", ",".join(map(str, self.worker_ids or ())),
+            "--model", str(self.model), "--block-size", str(self.block_size),
+            "--max-tokens", str(self.max_tokens),
             "--launcher", f"{sys.executable} {STANDIN}",
-            "--grpc-base-port", str(self.base), "--http-base-port", str(self.http_base),
-            "--bootstrap-base-port", str(self.base + 2 * w),
-            "--events-base-port", str(self.base + 3 * w),
-            "--replay-base-port", str(self.base + 4 * w),
-            "--nccl-base-port", str(self.base + 5 * w),
+            "--grpc-base-port", str(base), "--http-base-port", str(self.http_base),
+            "--bootstrap-base-port", str(base + 2 * w),
+            "--events-base-port", str(base + 3 * w),
+            "--replay-base-port", str(base + 4 * w),
+            "--nccl-base-port", str(base + 5 * w),
             "--health-timeout", "30",
         ]  # fmt: skip
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.base}"
-
-    def start(self, timeout_s: float = 60.0) -> Adapter:
-        self.proc = subprocess.Popen(
-            ps.load_redis_helper().with_parent_death(self.argv),
-            stdout=self.log.open("ab"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(self.address) as ch:
-            stub = worker_pb2_grpc.WorkerStub(ch)
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"adapter exited ({self.proc.returncode}); see {self.log}")
-                try:
-                    stub.Describe(worker_pb2.DescribeRequest(), timeout=1.0)
-                    return self
-                except grpc.RpcError:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(
-                            f"adapter not serving in {timeout_s} s; see {self.log}"
-                        ) from None
-                    time.sleep(0.3)
 
     def crash(self, offset: int, code: int) -> None:
         """Make the stand-in server of the worker at GPU ``offset`` exit with ``code``."""
@@ -99,16 +73,6 @@ class Adapter:
         url = f"http://127.0.0.1:{self.http_base + offset}/get_server_info"
         with urllib.request.urlopen(url, timeout=5) as r:
             return int(json.loads(r.read())["standin"]["pid"])
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(30)
 
 
 def _prefill_all(address: str, n: int) -> list[pool_pb2.PrefillResponse]:
@@ -169,7 +133,7 @@ def test_a_failed_sglang_server_is_replaced_by_the_operator_in_the_same_pod(
         (model / "config.json").write_text(json.dumps({"vocab_size": 256}))
 
         ids = [w["id"] for w in pool_status(k8s, namespace, name)["workers"]]
-        adapter = Adapter([1, 1], ids, model, tmp_path / "adapter.log").start()
+        adapter = Adapter([1, 1], ids, model, tmp_path / "adapter.log").start(60)
         router = None
         try:
             router = ps.RouterProcess(

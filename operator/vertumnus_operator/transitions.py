@@ -179,10 +179,10 @@ class TransitionRunner:
         self._spawn(started)
         return op
 
-    async def manual(self, op: planner.Op) -> bool:
-        """Begin an operation asked for by hand (the CPPool's ``vertumnus.io/split`` or
-        ``vertumnus.io/merge`` annotation); False if the state machine refuses it (an
-        Event says why)."""
+    async def manual(self, op: tr.Op) -> bool:
+        """Begin an operation the planner did not ask for (the CPPool's
+        ``vertumnus.io/split`` or ``vertumnus.io/merge`` annotation, or a replacement);
+        False if the state machine refuses it (an Event says why)."""
         async with self.lock:
             record, started = await self._begin(self.record, (op,), by_hand=True)
             if not started:
@@ -195,14 +195,7 @@ class TransitionRunner:
         """Begin swapping a failed worker for a new one of the same degree in the same
         place (a router reported it FAILED: ``failure`` says why); False if the state
         machine refuses (an Event says why)."""
-        async with self.lock:
-            op = tr.Replace(worker, f"worker failed: {failure}")
-            record, started = await self._begin(self.record, (op,), by_hand=True)
-            if not started:
-                return False
-            await self._write(record)
-        self._spawn(started)
-        return True
+        return await self.manual(tr.Replace(worker, f"worker failed: {failure}"))
 
     async def _begin(
         self, record: Record, ops: Sequence[tr.Op], by_hand: bool = False

@@ -61,6 +61,15 @@ def _fresh(text: str) -> tuple[Record, MemoryStore]:
     return record, MemoryStore(record)
 
 
+def _rules_controller(layout):
+    """A controller on ``layout`` with 1 s windows, the rules only (no model)."""
+    return Controller(
+        planner.initial_state(layout),
+        CAPACITY,
+        planner.PlannerSettings(window_s=1.0, domain_size=8, degrees=(4, 8), check_hops=1),
+    )
+
+
 def test_a_pinned_split_is_recorded_before_each_phase(router):
     record, store = _fresh("2xCP8")
     router.set_layout([(s.worker, s.degree, s.domain, s.offset) for s in record.pool.layout.slots])
@@ -244,11 +253,7 @@ def test_a_window_is_summed_over_replicas():
 
 def test_an_operation_by_hand_restarts_the_planner_from_the_new_layout(router):
     layout = _layout("2xCP8")
-    controller = Controller(
-        planner.initial_state(layout),
-        CAPACITY,
-        planner.PlannerSettings(window_s=1.0, domain_size=8, degrees=(4, 8), check_hops=1),
-    )
+    controller = _rules_controller(layout)
     record, store = _fresh("2xCP8")
     router.set_layout([(s.worker, s.degree, s.domain, s.offset) for s in layout.slots])
     events, pods = MemoryEvents(), Pods()
@@ -273,11 +278,7 @@ def test_a_failed_worker_is_replaced_in_its_place_and_the_planner_starts_over(ro
     new worker of the same degree at the same GPUs (kind ``replace``), commits, and the
     planner restarts from the new layout."""
     layout = _layout("2xCP4+1xCP8")
-    controller = Controller(
-        planner.initial_state(layout),
-        CAPACITY,
-        planner.PlannerSettings(window_s=1.0, domain_size=8, degrees=(4, 8), check_hops=1),
-    )
+    controller = _rules_controller(layout)
     record, store = _fresh("2xCP4+1xCP8")
     router.set_layout([(s.worker, s.degree, s.domain, s.offset) for s in layout.slots])
     failed = next(s for s in layout.slots if s.degree == 4 and s.offset == 4)

@@ -147,6 +147,22 @@ def pod(tmp_path):
         p.close()
 
 
+@contextlib.asynccontextmanager
+async def router_over(p: Pod):  # type: ignore[no-untyped-def]
+    """A real router (in this process, on loopback) over the pod's adapter."""
+    from vertumnus.router.serve import start_router
+    from vertumnus.router.settings import RouterSettings
+
+    settings = RouterSettings(
+        listen=f"127.0.0.1:{free_ports(1)}", metrics_listen="", cache_manager=None
+    )
+    running = await start_router(settings, [p.server.address(0)])
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
 def stored_keys(events) -> list[int]:
     return [k for e in events if e.kind == KINDS.STORED for k in e.block_keys]
 
@@ -383,17 +399,11 @@ def test_the_router_takes_a_worker_whose_server_failed_out_of_placement(pod):
     import asyncio
 
     from vertumnus._proto import pool_pb2, pool_pb2_grpc
-    from vertumnus.router.serve import start_router
-    from vertumnus.router.settings import RouterSettings
 
     p = pod([1, 1])
 
     async def scenario():  # type: ignore[no-untyped-def]
-        settings = RouterSettings(
-            listen=f"127.0.0.1:{free_ports(1)}", metrics_listen="", cache_manager=None
-        )
-        running = await start_router(settings, [p.server.address(0)])
-        try:
+        async with router_over(p) as running:
             async with grpc.aio.insecure_channel(running.address) as ch:
                 stub = pool_pb2_grpc.PrefillStub(ch)
 
@@ -415,8 +425,6 @@ def test_the_router_takes_a_worker_whose_server_failed_out_of_placement(pod):
                 later = await asyncio.gather(*(send(200 + i) for i in range(12)))
             w1 = running.router.workers[1]
             return before, after, later, w1.unreachable, w1.failure
-        finally:
-            await running.stop()
 
     before, after, later, unreachable, failure = asyncio.run(scenario())
     assert {r.worker for r in before} == {0, 1}  # both served before the crash
@@ -438,17 +446,11 @@ def test_a_router_reports_a_failed_worker_unasked_and_a_replace_switch_swaps_it(
     import asyncio
 
     from vertumnus._proto import pool_pb2, pool_pb2_grpc
-    from vertumnus.router.serve import start_router
-    from vertumnus.router.settings import RouterSettings
 
     p = pod([1, 1])
 
     async def scenario():  # type: ignore[no-untyped-def]
-        settings = RouterSettings(
-            listen=f"127.0.0.1:{free_ports(1)}", metrics_listen="", cache_manager=None
-        )
-        running = await start_router(settings, [p.server.address(0)])
-        try:
+        async with router_over(p) as running:
             async with grpc.aio.insecure_channel(running.address) as ch:
                 admin = pool_pb2_grpc.AdminStub(ch)
                 prefill = pool_pb2_grpc.PrefillStub(ch)
@@ -488,8 +490,6 @@ def test_a_router_reports_a_failed_worker_unasked_and_a_replace_switch_swaps_it(
                     )
                 )
             return failed, kept, drained, switched, after, answers
-        finally:
-            await running.stop()
 
     failed, kept, drained, switched, after, answers = asyncio.run(scenario())
     assert "exited with code 7" in failed.failure and kept == pool_pb2.WorkerStatus.SERVING
