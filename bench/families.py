@@ -53,7 +53,7 @@ from vertumnus.profiles import load_model
 from vertumnus.sim.engine import PoolConfig, Simulation
 from vertumnus.sim.phases import apply_phases
 from vertumnus.sim.prefixes import PrefixOptions, with_prefixes
-from vertumnus.sim.reconfig import AdaptiveOptions, build_adaptive
+from vertumnus.sim.reconfig import AdaptiveOptions, ExecutorSettings, build_adaptive
 from vertumnus.sim.runner import parse_planner_settings
 from vertumnus.sim.traces import Trace, load_trace, scale_lengths
 
@@ -108,22 +108,29 @@ def workload(family: str, load: str) -> tuple[Trace, float]:
     return trace, scale
 
 
-def adaptive_options(trace: Trace, control: planner.PlannerSettings) -> AdaptiveOptions:
+def adaptive_options(
+    trace: Trace, control: planner.PlannerSettings, rebalance: bool = True
+) -> AdaptiveOptions:
     """The adaptive pool of a cell. History: the first quarter of the run (at most
     600 s), so that the initial composition never sees the workload it is judged on
     whole."""
     history_s = min(600.0, trace.duration_s / 4)
-    return AdaptiveOptions(gpus=GPUS, control=control, history_s=history_s)
+    return AdaptiveOptions(
+        gpus=GPUS,
+        control=control,
+        history_s=history_s,
+        executor=ExecutorSettings(rebalance=rebalance),
+    )
 
 
-def run_cell(family: str, load: str, planner_text: str) -> dict[str, Any]:
+def run_cell(family: str, load: str, planner_text: str, rebalance: bool = True) -> dict[str, Any]:
     """Adaptive and every fixed lattice composition on one (family, load)."""
     trace, scale = workload(family, load)
     model = load_model()
     control = parse_planner_settings(planner_text)
     runs: dict[str, Any] = {}
     t0 = time.perf_counter()
-    options = adaptive_options(trace, control)
+    options = adaptive_options(trace, control, rebalance)
     history_s = options.history_s
     sim = build_adaptive(trace, model, options)
     res = sim.run(trace.requests)
@@ -176,7 +183,7 @@ def run_cell(family: str, load: str, planner_text: str) -> dict[str, Any]:
     }
 
 
-def _cell(args: tuple[str, str, str]) -> dict[str, Any]:
+def _cell(args: tuple[str, str, str, bool]) -> dict[str, Any]:
     return run_cell(*args)
 
 
@@ -205,11 +212,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--family", action="append", choices=sorted(FAMILIES))
     ap.add_argument("--load", action="append", choices=sorted(LOADS))
     ap.add_argument("--planner", default="", help="planner settings, NAME=VALUE,...")
+    ap.add_argument(
+        "--no-rebalance",
+        action="store_true",
+        help="the adaptive pool leaves queued requests where they are at a commit "
+        "(the behaviour before 2026-12-02, for comparison)",
+    )
     ap.add_argument("--jobs", type=int, default=2, help="simulations in parallel (default 2)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
     parse_planner_settings(args.planner)  # fail early on a bad setting
-    todo = [(f, ld, args.planner) for f in (args.family or FAMILIES) for ld in (args.load or LOADS)]
+    todo = [
+        (f, ld, args.planner, not args.no_rebalance)
+        for f in (args.family or FAMILIES)
+        for ld in (args.load or LOADS)
+    ]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         cells = []
@@ -228,6 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "gpus": GPUS,
         "loads": LOADS,
         "planner": args.planner or "defaults",
+        "rebalance": not args.no_rebalance,
         "cells": cells,
         "verdict": {
             "worst_adaptive_vs_best_mean": worst_mean,

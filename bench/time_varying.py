@@ -43,7 +43,12 @@ from vertumnus.core.types import Composition
 from vertumnus.profiles import load_model
 from vertumnus.sim.engine import PoolConfig, SimResult, Simulation
 from vertumnus.sim.phases import PhaseBoundary, apply_phases
-from vertumnus.sim.reconfig import AdaptiveOptions, build_adaptive, transitions_report
+from vertumnus.sim.reconfig import (
+    AdaptiveOptions,
+    ExecutorSettings,
+    build_adaptive,
+    transitions_report,
+)
 from vertumnus.sim.runner import parse_planner_settings
 from vertumnus.sim.traces import Trace, load_mooncake
 
@@ -312,6 +317,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="",
         help="planner settings for the adaptive pool, e.g. 'window_s=30,persist_windows=3'",
     )
+    ap.add_argument(
+        "--no-rebalance",
+        action="store_true",
+        help="the adaptive pool leaves queued requests where they are at a commit "
+        "(the behaviour before 2026-12-02, for comparison)",
+    )
     args = ap.parse_args(argv)
     control = parse_planner_settings(args.planner)
     spec = (
@@ -326,7 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw: dict[str, SimResult] = {}
     bin_s = 30.0
     end = bounds[-1][1]
-    result, wall, sim = run_adaptive(trace, AdaptiveOptions(control=control))
+    executor = ExecutorSettings(rebalance=not args.no_rebalance)
+    result, wall, sim = run_adaptive(trace, AdaptiveOptions(control=control, executor=executor))
     policies["vertumnus-adaptive"] = report(result, bounds, wall)
     raw["vertumnus-adaptive"] = result
     controller = sim.attachments["controller"]
@@ -378,7 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "settings": {
             "planner": control.__dict__,
             "placement": {"beta": PlacementParams().beta, "lam": PlacementParams().lam},
-            "switch_delay_s": AdaptiveOptions().executor.switch_delay_s,
+            "switch_delay_s": executor.switch_delay_s,
+            "rebalance": executor.rebalance,
             "history_s": AdaptiveOptions().history_s,
         },
         "policies": policies,

@@ -222,6 +222,47 @@ def test_splits_and_merges_under_steady_load_lose_no_request_and_serve_none_twic
         assert t["switch_s"] < 1.0 and t["total_s"] < 30.0
 
 
+def test_a_commit_moves_what_queued_during_the_split_to_the_new_workers(tmp_path) -> None:
+    # Worker 0 (CP2) splits while a burst of requests waits: the drain sends its
+    # queue to workers 2 and 3 (CP1), and at the commit the router places what
+    # still waits there again, so the two new CP1 workers take a share.
+    e = ps.Engine(4, [2, 1, 1], tmp_path / "e.log").start()
+    items = ps.prompts(40, seed=21, extra=600)
+    try:
+
+        async def scenario():  # type: ignore[no-untyped-def]
+            running = await start_router(settings(), [e.address])
+            router = running.router
+            try:
+                async with grpc.aio.insecure_channel(running.address) as ch:
+                    stub = pool_pb2_grpc.PrefillStub(ch)
+                    sent = [
+                        asyncio.create_task(_send(stub, f"m{i}", t)) for i, t in enumerate(items)
+                    ]
+                    while router.in_flight() < len(items):  # every one admitted and placed
+                        await asyncio.sleep(0.001)
+                    commit = await router.reconfigure(planner.Split(0))
+                    answers = await asyncio.gather(*sent)
+                moved = router.metrics.registry.get_sample_value(
+                    "vertumnus_router_moved_at_commit_total"
+                )
+                return answers, commit, moved, router.in_flight()
+            finally:
+                await running.stop()
+
+        answers, commit, moved, left = asyncio.run(scenario())
+    finally:
+        e.stop()
+    assert sorted(r.request_id for r in answers) == sorted(f"m{i}" for i in range(len(items)))
+    assert left == 0 and all(r.attempts == 1 for r in answers)  # moved, never retried
+    assert moved and moved > 0
+    by_new = [r for r in answers if r.worker in commit.new_ids]
+    # Every request was in the router before the split began; the new workers
+    # served the ones the commit moved to them.
+    assert len(by_new) >= moved * 0.5 and by_new
+    assert {r.epoch for r in by_new} == {commit.epoch}
+
+
 def test_a_killed_engines_requests_are_placed_again_and_complete(tmp_path) -> None:
     a = ps.Engine(2, [2], tmp_path / "a.log", worker_ids=[0]).start()
     b = ps.Engine(2, [1, 1], tmp_path / "b.log", worker_ids=[10, 11]).start()

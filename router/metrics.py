@@ -107,6 +107,12 @@ class RouterMetrics:
             registry=r,
         )
         self._scans = Counter("vertumnus_cache_manager_scans", "Cache-manager scans.", registry=r)
+        self._moved = Counter(
+            "vertumnus_router_moved_at_commit",
+            "Queued requests a commit placed on another worker (the new workers' share "
+            "of what queued while the transition ran).",
+            registry=r,
+        )
         self._reconfigs = Counter(
             "vertumnus_reconfigurations", "Splits and merges committed.", ["kind"], registry=r
         )
@@ -226,6 +232,9 @@ class RouterMetrics:
 
     def reclaim_done(self, ok: bool) -> None:
         self._reclaims.labels("deleted" if ok else "refused").inc()
+
+    def moved_at_commit(self, requests: int) -> None:
+        self._moved.inc(requests)
 
     def transition_started(self, kind: str) -> None:
         pass

@@ -25,9 +25,10 @@ they say:
   visible to placement only through the workers' own events;
 - **transitions** (split/merge): the core's state machine
   (:mod:`vertumnus.core.transition`) — drains, the engines' ``Epoch`` switch,
-  the reconciliation plan at the commit — whether this router runs the
-  controller itself (``vertumnus up``) or an operator asks through the
-  Admin API;
+  the reconciliation plan at the commit, after which the pool's queues are
+  placed again so the new workers take their share — whether this router
+  runs the controller itself (``vertumnus up``) or an operator asks through
+  the Admin API;
 - **window demand** for the composition controller (:meth:`take_window`).
 
 Everything runs on one event loop; the core is called only from it. ``now``
@@ -58,7 +59,7 @@ from vertumnus.core.lattice import Layout, Slot
 from vertumnus.core.metrics import SloRule
 from vertumnus.core.policies.vertumnus import CostModelPolicy
 from vertumnus.core.reconcile import PendingCopy, ReconcilePlan, plan_merge, plan_split
-from vertumnus.core.routing import Invalidation, RoutingCore
+from vertumnus.core.routing import Invalidation, RoutingCore, placement_order
 from vertumnus.core.store import TrieStore, prefix_of
 from vertumnus.core.trie import PrefixTrie
 from vertumnus.core.types import Composition, Request
@@ -536,7 +537,6 @@ class Router:
             )
             return
         p.decision = decision
-        p.attempts += 1
         if p.first_placement:
             p.first_placement = False
             hop = self._hop
@@ -594,6 +594,7 @@ class Router:
             self.core.forwarded(p.request.id)
         else:
             return
+        p.attempts += 1  # placements that never reached a worker (drains) do not count
         p.forwarded_at = self.now()
         self._spawn(self._attempt(worker, p), f"prefill-{p.client_id}")
 
@@ -1124,7 +1125,33 @@ class Router:
                 self.core.apply_cache_events(s.worker, stored)
             self.core.set_pending(s.worker, plan.pending[s.worker])
         self._release_held()
+        self._rebalance(commit.epoch)
         self.metrics.snapshot(self)
+
+    def _rebalance(self, epoch: int) -> None:
+        """Place every queued request again, oldest first (not the ones forwarded to a
+        worker already): the queues the old layout built while it was short of
+        capacity — the drained workers' queues went to the others — spread over the
+        new workers instead of waiting behind the old ones
+        (:meth:`RoutingCore.withdraw_queues`)."""
+        assert self.core is not None
+        members = {i: w for i, w in self.workers.items() if w.queue and not w.draining}
+        if not members:
+            return
+        pending = {p.request.id: p for w in members.values() for p in w.queue}
+        before = {p.request.id: i for i, w in members.items() for p in w.queue}
+        queues = {i: [p.request.id for p in w.queue] for i, w in members.items()}
+        for w in members.values():
+            w.queue.clear()
+        for r in placement_order(self.core.withdraw_queues(queues)):
+            self._place(pending[r.id])
+        moved = sum(
+            1 for rid, p in pending.items() if p.decision and p.decision.worker != before[rid]
+        )
+        self.metrics.moved_at_commit(moved)
+        _log.info(
+            "epoch %d: %d of %d queued requests placed on other workers", epoch, moved, len(pending)
+        )
 
     def _reconcile_plan(self, commit: transition.Commit) -> ReconcilePlan:
         olds = [s.worker for s in commit.removed]

@@ -8,7 +8,7 @@ from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.decision import RouteDecision
 from vertumnus.core.policies.base import Policy, PoolView, decision_at
 from vertumnus.core.policies.vertumnus import CostModelPolicy
-from vertumnus.core.routing import RoutingCore
+from vertumnus.core.routing import RoutingCore, placement_order
 from vertumnus.core.types import Request
 
 # E_C(R, P) = R ms / C: easy to compute by hand
@@ -115,6 +115,30 @@ def test_withdraw_takes_every_queued_request_and_resets_the_reservation():
     assert (w.queued, w.running) == (0, 1)
     core.refresh(0.25)
     assert w.outstanding_s == pytest.approx(0.25)  # only the running one is left
+
+
+def test_queues_withdrawn_together_are_placed_again_oldest_first_on_the_whole_pool():
+    # Two workers with queues and one new, empty worker (a commit): taken back
+    # together and placed oldest first, the queues spread over all three.
+    core = core_with(To(0, table={2: 1, 3: 1}), 2, 2)
+    early = [Request(i, t, 1000, ()) for i, t in ((0, 0.0), (1, 0.3), (2, 0.1), (3, 0.2))]
+    for r in early:
+        core.schedule(r, now=r.arrival_s)
+    core.started(0, 0.3, 0.55)
+    core.started(2, 0.3, 0.8)
+    core.add_worker(2, 2, cache_capacity_blocks=100)
+    with pytest.raises(ValueError, match=r"withdraw\(1\) must name every queued request"):
+        core.withdraw_queues({0: [1], 1: []})
+    assert core.worker(1).queued == 1  # a refused withdrawal takes nothing back
+    back = core.withdraw_queues({0: [1], 1: [3]})
+    assert [r.id for r in back] == [1, 3]  # queue order, worker by worker
+    assert [(w.queued, w.running) for w in core.workers] == [(0, 1), (0, 1), (0, 0)]
+    assert [r.id for r in placement_order(back)] == [3, 1]  # by arrival
+    core.policy = CostModelPolicy()
+    placed = {r.id: core.schedule(r, now=0.3).worker for r in placement_order(back)}
+    # The oldest goes to the idle new worker; the next where the least is left
+    # (0.25 s at worker 0, against 0.5 s at worker 1 and behind request 3).
+    assert placed == {3: 2, 1: 0}
 
 
 def test_a_forwarded_request_stays_queued_but_cannot_be_withdrawn():

@@ -135,6 +135,31 @@ def test_drain_replaces_queued_requests_and_waits_for_the_running_one(model: Pre
     assert sorted(by_id) == [0, 1, 2, 3]
 
 
+def test_the_commit_spreads_the_queue_built_meanwhile_over_the_new_workers(
+    model: PrefillModel,
+) -> None:
+    # Worker 0 splits at once; for the 0.5 s switch worker 1 is the only one
+    # available, so every arrival queues there (12 requests of 0.22 s each). At
+    # the commit the queue is placed again, oldest first, and the two new CP2
+    # workers take their share of it; without that it waits behind worker 1.
+    runs = {}
+    for rebalance in (True, False):
+        sim = Simulation(pool("2xCP4", model), Routed())
+        ex = Executor(sim, ExecutorSettings(switch_delay_s=0.5, rebalance=rebalance))
+        sim.at(0.0, lambda ex=ex: ex.execute(planner.Split(0)))
+        result = sim.run([req(i, 0.01 * (i + 1), [200 + i], extra=12000) for i in range(12)])
+        assert ex.transitions[0].committed_s == pytest.approx(0.5)
+        by_id = {c.request_id: c for c in result.completions}
+        assert sorted(by_id) == list(range(12))  # none lost, none served twice
+        runs[rebalance] = by_id
+    # Every request arrived before the commit, at worker 1.
+    assert {c.worker for c in runs[False].values()} == {1}
+    moved = {i for i, c in runs[True].items() if c.worker in (2, 3)}
+    assert len(moved) >= 4
+    mean = {k: sum(c.ttft_s for c in v.values()) / 12 for k, v in runs.items()}
+    assert mean[True] < 0.7 * mean[False]
+
+
 def test_arrivals_are_held_while_no_worker_is_available(model: PrefillModel) -> None:
     sim = Simulation(pool("CP8", model), Routed())
     ex = Executor(sim, ExecutorSettings(switch_delay_s=0.5))
@@ -213,14 +238,19 @@ def _assert_consistent(sim: Simulation, ex: Executor, result, n_requests: int) -
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(raw=reqs_strategy, ops=ops_strategy, delay=st.sampled_from([0.0, 0.5]))
+@given(
+    raw=reqs_strategy,
+    ops=ops_strategy,
+    delay=st.sampled_from([0.0, 0.5]),
+    rebalance=st.booleans(),
+)
 def test_no_request_lost_or_served_twice_across_random_reconfigurations(
-    model: PrefillModel, raw, ops, delay
+    model: PrefillModel, raw, ops, delay, rebalance
 ) -> None:
     """Random requests (shared prefixes from a tiny alphabet) and random splits/merges."""
     requests = _requests(raw)
     sim = Simulation(pool("2xCP4+CP8", model, blocks_per_gpu=3), Routed())
-    ex = Executor(sim, ExecutorSettings(switch_delay_s=delay))
+    ex = Executor(sim, ExecutorSettings(switch_delay_s=delay, rebalance=rebalance))
     lattice = planner.PlannerSettings(degrees=(1, 2, 4, 8))
     box = {"state": planner.initial_state(planner.layout_for(sim.pool.composition))}
 

@@ -48,7 +48,7 @@ from vertumnus.core.types import Request
 if TYPE_CHECKING:
     from vertumnus.core.cachemanager import CacheManager
 
-__all__ = ["Invalidation", "Removal", "RoutingCore"]
+__all__ = ["Invalidation", "Removal", "RoutingCore", "placement_order"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,29 +359,46 @@ class RoutingCore:
         """A drain takes every queued request back from ``worker_id`` (``request_ids``,
         in queue order; not the ones :meth:`forwarded` to it), for the shell to place
         again; their reservations are released."""
-        load = self._loads[worker_id]
-        queued = {
-            rid
-            for rid, p in self._placed.items()
-            if p.decision.worker == worker_id and not p.started and not p.forwarded
-        }
-        if set(request_ids) != queued or len(request_ids) != len(queued):
-            raise ValueError(
-                f"withdraw({worker_id}) must name every queued request there once: "
-                f"queued {sorted(queued)}, got {list(request_ids)}"
-            )
+        return self.withdraw_queues({worker_id: request_ids})
+
+    def withdraw_queues(self, queues: Mapping[int, Sequence[int]]) -> list[Request]:
+        """:meth:`withdraw` at several workers at once (worker → its queued ids, in
+        queue order); the requests come back in queue order, worker by worker.
+
+        Where new workers joined (a commit), the shell takes back the whole pool's
+        queues this way and places them again oldest first
+        (:func:`placement_order`): the queues built while the old layout was short
+        of capacity — the drained workers' queues went to the others — spread
+        over the new workers instead of waiting behind the old ones.
+        """
+        named = {w: list(ids) for w, ids in queues.items()}
+        queued: dict[int, set[int]] = {w: set() for w in named}
+        for rid, p in self._placed.items():
+            mine = queued.get(p.decision.worker)
+            if mine is not None and not p.started and not p.forwarded:
+                mine.add(rid)
+        for w, ids in named.items():
+            if set(ids) != queued[w] or len(ids) != len(queued[w]):
+                raise ValueError(
+                    f"withdraw({w}) must name every queued request there once: "
+                    f"queued {sorted(queued[w])}, got {ids}"
+                )
         out = []
-        for rid in request_ids:
-            placed = self._placed.pop(rid)
-            self._forget(placed)
-            out.append(placed.request)
+        for ids in named.values():
+            for rid in ids:
+                placed = self._placed.pop(rid)
+                self._forget(placed)
+                out.append(placed.request)
         # Recount what stays queued (the forwarded ones) rather than subtract, so no
         # rounding residue is left behind.
-        staying = [
-            p for p in self._placed.values() if p.decision.worker == worker_id and not p.started
-        ]
-        load.queued_estimate_s = sum((p.decision.estimate_s for p in staying), 0.0)
-        load.state.queued = len(staying)
+        for w in named:
+            self._loads[w].queued_estimate_s = 0.0
+            self._loads[w].state.queued = 0
+        for p in self._placed.values():
+            if p.decision.worker in named and not p.started:
+                staying = self._loads[p.decision.worker]
+                staying.queued_estimate_s += p.decision.estimate_s
+                staying.state.queued += 1
         return out
 
     def _release(self, placed: _Placed) -> None:
@@ -438,3 +455,10 @@ class RoutingCore:
                 for key in removed:
                     load.pending.pop(key, None)
         return cursor
+
+
+def placement_order(requests: Iterable[Request]) -> list[Request]:
+    """The order in which requests taken back from several queues are placed again:
+    oldest arrival first (ties by id), as they would have been placed had the
+    pool been this one when they arrived."""
+    return sorted(requests, key=lambda r: (r.arrival_s, r.id))

@@ -31,7 +31,8 @@ their TTFT includes the detour) and calls back once their running prefill is
 done; :meth:`Simulation.remove_workers` / :meth:`Simulation.add_worker`
 change the membership; :meth:`Simulation.commit_epoch` records the
 composition and releases arrivals that were **held** because no worker was
-available.
+available; :meth:`Simulation.rebalance` then places the pool's queues again,
+so the new workers take their share of what queued meanwhile.
 
 Invariant: every request is completed exactly once or rejected (no worker of
 the pool could ever hold it); placing again and holding never lose one.
@@ -51,7 +52,7 @@ from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.decision import RouteDecision
 from vertumnus.core.metrics import Completion, SloRule
 from vertumnus.core.policies.base import Policy
-from vertumnus.core.routing import Invalidation, RoutingCore
+from vertumnus.core.routing import Invalidation, RoutingCore, placement_order
 from vertumnus.core.types import Composition, Request, cached_tokens
 
 if TYPE_CHECKING:
@@ -283,6 +284,18 @@ class Simulation:
         for fn in self.membership_listeners:
             fn(list(removed), list(added))
         self.release_held()
+
+    def rebalance(self) -> None:
+        """Take back every queued request of the available workers and place them
+        again, oldest first (:meth:`RoutingCore.withdraw_queues`): after a commit,
+        the queues the old layout built spread over the new workers."""
+        members = [w for w in self._by_id.values() if w.queue and self.core.worker(w.id).available]
+        queues = {w.id: [j.request.id for j in w.queue] for w in members}
+        for w in members:
+            w.queue.clear()
+        for req in placement_order(self.core.withdraw_queues(queues)):
+            if not self.submit(req, first=False):
+                self._held.append((req, False))
 
     def release_held(self) -> None:
         """Place arrivals held while no worker could take them."""

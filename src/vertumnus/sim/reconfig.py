@@ -18,6 +18,9 @@ operator perform them on a real pool:
    children of a split, pending blocks), and arrivals held meanwhile are
    placed. Pending blocks are copied when a placement first reuses them
    (the routing core's ``PendingCopy``), at the engine's modelled bandwidth.
+   Then the pool's queues are placed again (``rebalance``), so the requests
+   that queued at the old workers while the transition ran move to the new
+   ones.
 
 :class:`AdaptiveController` ticks the core's
 :class:`~vertumnus.core.control.Controller` every hop and starts what it
@@ -61,6 +64,10 @@ class ExecutorSettings:
 
     switch_delay_s: float = 0.5
     """Seconds from the end of the drain to the commit (group switch, metadata update)."""
+    rebalance: bool = True
+    """At each commit, place the pool's queued requests again (oldest first), as the
+    router does: without it they wait behind the workers they were queued at while
+    the new ones idle (the behaviour before 2026-12-02, for comparison)."""
 
     def __post_init__(self) -> None:
         if self.switch_delay_s < 0:
@@ -188,6 +195,8 @@ class Executor:
             sim.core.set_pending(s.worker, plan.pending[s.worker])
         added = commit.new_ids
         sim.commit_epoch([w.id for w in olds], added)
+        if self.settings.rebalance:
+            sim.rebalance()
         tid = commit.transition
         started = self._started.pop(tid)
         self.transitions.append(
