@@ -17,7 +17,10 @@ Placement must not wait for the network: the routing core reads a
 - **a replica that follows** (``follow=True``, the router's
   ``--index-source redis``) does not subscribe to the workers at all: it
   applies the Redis change stream to its mirror, so two replicas see the
-  same index; a follower that fell behind the stream re-reads it whole.
+  same index. It reads the stream's position before the snapshot it starts
+  from, so that no change falls between the two. A follower that fell behind
+  the stream, whose mirror refuses a change, or that started while Redis was
+  down re-reads the index whole; it never stops following.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Any
 
-from vertumnus.core.store import BlockInfo, Change, StoredBlock
+from vertumnus.core.store import BlockInfo, Change, StoredBlock, StoreError
 from vertumnus.core.trie import PrefixTrie
 
 __all__ = ["MirroredStore", "redis_store_for"]
@@ -83,8 +86,13 @@ class MirroredStore:
         loop = asyncio.get_running_loop()
         self._queue = asyncio.Queue()
         if self.follow:
-            await self._reload()
-            self._tasks.append(loop.create_task(self._follow(), name="index-follow"))
+            cursor: int | None
+            try:
+                cursor = await self._resync()
+            except ConnectionError:
+                cursor = None  # the follower reads the index whole once Redis answers
+                self.degraded = True
+            self._tasks.append(loop.create_task(self._follow(cursor), name="index-follow"))
         else:
             self._tasks.append(loop.create_task(self._write(), name="index-write"))
             self._tasks.append(loop.create_task(self._watch(), name="index-watch"))
@@ -255,15 +263,19 @@ class MirroredStore:
 
     # -- the follower ------------------------------------------------------------------
 
-    async def _follow(self) -> None:
-        cursor = await asyncio.to_thread(lambda: self.remote.cursor)
+    async def _follow(self, cursor: int | None) -> None:
+        """Apply the change stream from ``cursor`` on. Re-read the whole index when
+        there is no cursor (Redis was down at the start), when the stream no longer
+        holds it, or when the mirror refuses a change: a follower never stops."""
         while True:
             await asyncio.sleep(0.05)
             try:
+                if cursor is None:
+                    cursor = await self._resync()
+                    continue
                 cursor_now, changes = await asyncio.to_thread(self.remote.changes, cursor)
                 if changes is None:
-                    await self._reload()
-                    cursor = cursor_now
+                    cursor = await self._resync()
                     continue
                 for c in changes:
                     await self._mirror(c)
@@ -272,6 +284,24 @@ class MirroredStore:
             except ConnectionError:
                 self.degraded = True
                 await asyncio.sleep(self.retry_s)
+            except StoreError as e:
+                _log.warning(
+                    "the index's change stream contradicts the mirror (%s): re-reading it", e
+                )
+                cursor = None
+
+    async def _resync(self) -> int:
+        """The stream's position, then the whole index; returns the position.
+
+        In this order: a change made between the two reads is in the snapshot and
+        is applied again from the stream, harmlessly. The other order (snapshot,
+        then position) would lose such a change for good. Raises ConnectionError
+        when Redis does not answer.
+        """
+        cursor = await asyncio.to_thread(lambda: self.remote.cursor)
+        if not await self._reload():
+            raise ConnectionError("redis went away while the index was read")
+        return int(cursor)
 
     async def _mirror(self, change: Change) -> None:
         infos = await asyncio.to_thread(self.remote.blocks, change.stored)
@@ -281,8 +311,8 @@ class MirroredStore:
         items.sort(key=lambda i: i[1])
         self.local.apply(change.worker, items, change.removed, cleared=change.dropped)
 
-    async def _reload(self) -> None:
-        """Read the whole index from Redis into the mirror."""
+    async def _reload(self) -> bool:
+        """Read the whole index from Redis into the mirror (False: Redis is down)."""
 
         def read() -> dict[int, list[tuple[int, int, int | None]]]:
             out = {}
@@ -297,9 +327,10 @@ class MirroredStore:
             view = await asyncio.to_thread(read)
         except ConnectionError:
             self.degraded = True
-            return
+            return False
         for w in list(self.local.workers()):
             if w not in view:
                 self.local.drop_worker(w)
         for w, items in view.items():
             self.local.apply(w, items, cleared=True)
+        return True
