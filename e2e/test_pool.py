@@ -246,6 +246,7 @@ def test_a_commit_moves_what_queued_during_the_split_to_the_new_workers(tmp_path
                 moved = router.metrics.registry.get_sample_value(
                     "vertumnus_router_moved_at_commit_total"
                 )
+                assert router.transitions_done[-1]["moved"] == moved
                 return answers, commit, moved, router.in_flight()
             finally:
                 await running.stop()

@@ -1003,6 +1003,7 @@ class Router:
         commit: transition.Commit | None = None
         drained_at = started
         switch_s = 0.0
+        moved = 0
         while actions:
             action = actions.pop(0)
             if isinstance(action, transition.Drain):
@@ -1017,7 +1018,7 @@ class Router:
                 actions.extend(more)
             else:
                 commit = action
-                self._commit(action)
+                moved = self._commit(action)
         assert commit is not None
         total = self.now() - started
         record = {
@@ -1031,6 +1032,7 @@ class Router:
             "total_s": total,
             "composition": str(self.composition()),
             "reason": op.reason,
+            "moved": moved,
         }
         self.transitions_done.append(record)
         self.metrics.transition_done(commit.kind, drained_at - started, switch_s, total)
@@ -1096,8 +1098,9 @@ class Router:
         del reply
         return time.perf_counter() - started
 
-    def _commit(self, commit: transition.Commit) -> None:
-        """The new workers exist: move the KV metadata, swap the workers, release what waited."""
+    def _commit(self, commit: transition.Commit) -> int:
+        """The new workers exist: move the KV metadata, swap the workers, release what
+        waited, place the queues again; returns how many queued requests moved."""
         assert self.core is not None
         plan = self._reconcile_plan(commit)
         removal = self.core.remove_workers([s.worker for s in commit.removed])
@@ -1125,10 +1128,11 @@ class Router:
                 self.core.apply_cache_events(s.worker, stored)
             self.core.set_pending(s.worker, plan.pending[s.worker])
         self._release_held()
-        self._rebalance(commit.epoch)
+        moved = self._rebalance(commit.epoch)
         self.metrics.snapshot(self)
+        return moved
 
-    def _rebalance(self, epoch: int) -> None:
+    def _rebalance(self, epoch: int) -> int:
         """Place every queued request again, oldest first (not the ones forwarded to a
         worker already): the queues the old layout built while it was short of
         capacity — the drained workers' queues went to the others — spread over the
@@ -1137,7 +1141,7 @@ class Router:
         assert self.core is not None
         members = {i: w for i, w in self.workers.items() if w.queue and not w.draining}
         if not members:
-            return
+            return 0
         pending = {p.request.id: p for w in members.values() for p in w.queue}
         before = {p.request.id: i for i, w in members.items() for p in w.queue}
         queues = {i: [p.request.id for p in w.queue] for i, w in members.items()}
@@ -1152,6 +1156,7 @@ class Router:
         _log.info(
             "epoch %d: %d of %d queued requests placed on other workers", epoch, moved, len(pending)
         )
+        return moved
 
     def _reconcile_plan(self, commit: transition.Commit) -> ReconcilePlan:
         olds = [s.worker for s in commit.removed]

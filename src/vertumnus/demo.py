@@ -109,7 +109,7 @@ def _print_table(s: dict[str, Any], transitions: list[dict[str, Any]], t_load: f
         print(
             f"  t={t['started_s'] - t_load:6.2f}s  {t['kind']:<5} {t['removed']} -> {t['added']}  epoch {t['epoch']}  "
             f"drain {t['drain_s']:.3f}s  switch {t['switch_s']:.3f}s  total {t['total_s']:.3f}s  "
-            f"-> {t['composition']}"
+            f"moved {t['moved']}  -> {t['composition']}"
         )
 
 

@@ -142,7 +142,7 @@ def test_the_commit_spreads_the_queue_built_meanwhile_over_the_new_workers(
     # available, so every arrival queues there (12 requests of 0.22 s each). At
     # the commit the queue is placed again, oldest first, and the two new CP2
     # workers take their share of it; without that it waits behind worker 1.
-    runs = {}
+    runs, moves = {}, {}
     for rebalance in (True, False):
         sim = Simulation(pool("2xCP4", model), Routed())
         ex = Executor(sim, ExecutorSettings(switch_delay_s=0.5, rebalance=rebalance))
@@ -152,10 +152,12 @@ def test_the_commit_spreads_the_queue_built_meanwhile_over_the_new_workers(
         by_id = {c.request_id: c for c in result.completions}
         assert sorted(by_id) == list(range(12))  # none lost, none served twice
         runs[rebalance] = by_id
+        moves[rebalance] = ex.transitions[0].moved
     # Every request arrived before the commit, at worker 1.
     assert {c.worker for c in runs[False].values()} == {1}
     moved = {i for i, c in runs[True].items() if c.worker in (2, 3)}
     assert len(moved) >= 4
+    assert moves == {True: len(moved), False: 0}  # the transition's record counts them
     mean = {k: sum(c.ttft_s for c in v.values()) / 12 for k, v in runs.items()}
     assert mean[True] < 0.7 * mean[False]
 

@@ -285,17 +285,23 @@ class Simulation:
             fn(list(removed), list(added))
         self.release_held()
 
-    def rebalance(self) -> None:
+    def rebalance(self) -> int:
         """Take back every queued request of the available workers and place them
         again, oldest first (:meth:`RoutingCore.withdraw_queues`): after a commit,
-        the queues the old layout built spread over the new workers."""
+        the queues the old layout built spread over the new workers. Returns how
+        many went to another worker."""
         members = [w for w in self._by_id.values() if w.queue and self.core.worker(w.id).available]
         queues = {w.id: [j.request.id for j in w.queue] for w in members}
+        before = {rid: w for w, ids in queues.items() for rid in ids}
         for w in members:
             w.queue.clear()
+        moved = 0
         for req in placement_order(self.core.withdraw_queues(queues)):
             if not self.submit(req, first=False):
                 self._held.append((req, False))
+            decision = self.core.decision(req.id)
+            moved += decision is None or decision.worker != before[req.id]
+        return moved
 
     def release_held(self) -> None:
         """Place arrivals held while no worker could take them."""

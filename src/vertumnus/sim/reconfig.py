@@ -89,6 +89,8 @@ class TransitionRecord:
     composition: str
     """The pool's composition after the commit."""
     reason: str = ""
+    moved: int = 0
+    """Queued requests the commit placed on another worker (``rebalance``)."""
 
     @property
     def drain_s(self) -> float:
@@ -195,8 +197,7 @@ class Executor:
             sim.core.set_pending(s.worker, plan.pending[s.worker])
         added = commit.new_ids
         sim.commit_epoch([w.id for w in olds], added)
-        if self.settings.rebalance:
-            sim.rebalance()
+        moved = sim.rebalance() if self.settings.rebalance else 0
         tid = commit.transition
         started = self._started.pop(tid)
         self.transitions.append(
@@ -210,6 +211,7 @@ class Executor:
                 epoch=commit.epoch,
                 composition=str(sim.composition),
                 reason=commit.op.reason,
+                moved=moved,
             )
         )
         callback = self._on_commit.pop(tid)
@@ -434,6 +436,7 @@ def transitions_report(transitions: Sequence[TransitionRecord]) -> list[dict[str
             "epoch": t.epoch,
             "composition": t.composition,
             "reason": t.reason,
+            "moved": t.moved,
         }
         for t in transitions
     ]
