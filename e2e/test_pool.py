@@ -244,7 +244,7 @@ def test_a_commit_moves_what_queued_during_the_split_to_the_new_workers(tmp_path
                     commit = await router.reconfigure(planner.Split(0))
                     answers = await asyncio.gather(*sent)
                 moved = router.metrics.registry.get_sample_value(
-                    "vertumnus_router_moved_at_commit_total"
+                    "vertumnus_router_requests_moved_total"
                 )
                 assert router.transitions_done[-1]["moved"] == moved
                 return answers, commit, moved, router.in_flight()
@@ -262,6 +262,44 @@ def test_a_commit_moves_what_queued_during_the_split_to_the_new_workers(tmp_path
     # served the ones the commit moved to them.
     assert len(by_new) >= moved * 0.5 and by_new
     assert {r.epoch for r in by_new} == {commit.epoch}
+
+
+def test_a_resumed_worker_takes_a_share_of_the_queue_built_without_it(tmp_path) -> None:
+    # Worker 0 is drained (as an operator does before a split it then abandons);
+    # a burst queues at worker 1. When worker 0 resumes, the router places what
+    # still waits at worker 1 again, and worker 0 takes a share.
+    e = ps.Engine(2, [1, 1], tmp_path / "e.log", worker_ids=[0, 1]).start()
+    items = ps.prompts(30, seed=22, extra=600)
+    try:
+
+        async def scenario():  # type: ignore[no-untyped-def]
+            running = await start_router(settings(), [e.address])
+            router = running.router
+            try:
+                await router.drain(0, wait=False)
+                async with grpc.aio.insecure_channel(running.address) as ch:
+                    stub = pool_pb2_grpc.PrefillStub(ch)
+                    sent = [
+                        asyncio.create_task(_send(stub, f"q{i}", t)) for i, t in enumerate(items)
+                    ]
+                    while router.in_flight() < len(items):
+                        await asyncio.sleep(0.001)
+                    await router.drain(0, resume=True)
+                    answers = await asyncio.gather(*sent)
+                moved = router.metrics.registry.get_sample_value(
+                    "vertumnus_router_requests_moved_total"
+                )
+                return answers, moved, router.in_flight()
+            finally:
+                await running.stop()
+
+        answers, moved, left = asyncio.run(scenario())
+    finally:
+        e.stop()
+    assert sorted(r.request_id for r in answers) == sorted(f"q{i}" for i in range(len(items)))
+    assert left == 0 and all(r.attempts == 1 for r in answers)
+    assert moved and moved > 0
+    assert sum(1 for r in answers if r.worker == 0) >= 0.5 * moved
 
 
 def test_a_killed_engines_requests_are_placed_again_and_complete(tmp_path) -> None:

@@ -108,9 +108,9 @@ class RouterMetrics:
         )
         self._scans = Counter("vertumnus_cache_manager_scans", "Cache-manager scans.", registry=r)
         self._moved = Counter(
-            "vertumnus_router_moved_at_commit",
-            "Queued requests a commit placed on another worker (the new workers' share "
-            "of what queued while the transition ran).",
+            "vertumnus_router_requests_moved",
+            "Queued requests placed on another worker when capacity joined the pool "
+            "(a commit's new workers, a drained worker resumed).",
             registry=r,
         )
         self._reconfigs = Counter(
@@ -233,7 +233,7 @@ class RouterMetrics:
     def reclaim_done(self, ok: bool) -> None:
         self._reclaims.labels("deleted" if ok else "refused").inc()
 
-    def moved_at_commit(self, requests: int) -> None:
+    def moved(self, requests: int) -> None:
         self._moved.inc(requests)
 
     def transition_started(self, kind: str) -> None:

@@ -1058,6 +1058,8 @@ class Router:
             await stub.Drain(worker_pb2.DrainRequest(resume=True), timeout=10.0)
             self.core.set_available([worker], not w.unreachable)
             self._release_held()
+            if not w.unreachable:
+                self._rebalance(f"worker {worker} resumed")
             return False, 0
         w.draining = True
         self.core.set_available([worker], False)
@@ -1128,16 +1130,16 @@ class Router:
                 self.core.apply_cache_events(s.worker, stored)
             self.core.set_pending(s.worker, plan.pending[s.worker])
         self._release_held()
-        moved = self._rebalance(commit.epoch)
+        moved = self._rebalance(f"epoch {commit.epoch}")
         self.metrics.snapshot(self)
         return moved
 
-    def _rebalance(self, epoch: int) -> int:
-        """Place every queued request again, oldest first (not the ones forwarded to a
-        worker already): the queues the old layout built while it was short of
-        capacity — the drained workers' queues went to the others — spread over the
-        new workers instead of waiting behind the old ones
-        (:meth:`RoutingCore.withdraw_queues`)."""
+    def _rebalance(self, why: str) -> int:
+        """Where capacity joined (a commit's new workers, a drained worker resumed),
+        place every queued request again, oldest first (not the ones forwarded to a
+        worker already): the queues built while that capacity was missing spread over
+        it instead of waiting behind the workers they are at
+        (:meth:`RoutingCore.withdraw_queues`). Returns how many moved."""
         assert self.core is not None
         members = {i: w for i, w in self.workers.items() if w.queue and not w.draining}
         if not members:
@@ -1152,10 +1154,8 @@ class Router:
         moved = sum(
             1 for rid, p in pending.items() if p.decision and p.decision.worker != before[rid]
         )
-        self.metrics.moved_at_commit(moved)
-        _log.info(
-            "epoch %d: %d of %d queued requests placed on other workers", epoch, moved, len(pending)
-        )
+        self.metrics.moved(moved)
+        _log.info("%s: %d of %d queued requests placed on other workers", why, moved, len(pending))
         return moved
 
     def _reconcile_plan(self, commit: transition.Commit) -> ReconcilePlan:
