@@ -51,6 +51,20 @@ async def _send(stub, rid: str, tokens, timeout: float = 120.0):  # type: ignore
     )
 
 
+async def _queued_burst(router, stub, prefix: str, items) -> list[asyncio.Task]:  # type: ignore[no-untyped-def]
+    """Send every prompt at once; return once the router holds them all (admitted and
+    placed), as the tasks that wait for their answers."""
+    sent = [asyncio.create_task(_send(stub, f"{prefix}{i}", t)) for i, t in enumerate(items)]
+    while router.in_flight() < len(items):
+        await asyncio.sleep(0.001)
+    return sent
+
+
+def _moved(router) -> float | None:  # type: ignore[no-untyped-def]
+    """The router's count of queued requests placed on another worker."""
+    return router.metrics.registry.get_sample_value("vertumnus_router_requests_moved_total")
+
+
 def test_first_tokens_through_the_router_equal_a_single_rank_engines(engine, reference) -> None:
     items = ps.prompts(12, seed=1)
 
@@ -236,16 +250,10 @@ def test_a_commit_moves_what_queued_during_the_split_to_the_new_workers(tmp_path
             try:
                 async with grpc.aio.insecure_channel(running.address) as ch:
                     stub = pool_pb2_grpc.PrefillStub(ch)
-                    sent = [
-                        asyncio.create_task(_send(stub, f"m{i}", t)) for i, t in enumerate(items)
-                    ]
-                    while router.in_flight() < len(items):  # every one admitted and placed
-                        await asyncio.sleep(0.001)
+                    sent = await _queued_burst(router, stub, "m", items)
                     commit = await router.reconfigure(planner.Split(0))
                     answers = await asyncio.gather(*sent)
-                moved = router.metrics.registry.get_sample_value(
-                    "vertumnus_router_requests_moved_total"
-                )
+                moved = _moved(router)
                 assert router.transitions_done[-1]["moved"] == moved
                 return answers, commit, moved, router.in_flight()
             finally:
@@ -279,16 +287,10 @@ def test_a_resumed_worker_takes_a_share_of_the_queue_built_without_it(tmp_path) 
                 await router.drain(0, wait=False)
                 async with grpc.aio.insecure_channel(running.address) as ch:
                     stub = pool_pb2_grpc.PrefillStub(ch)
-                    sent = [
-                        asyncio.create_task(_send(stub, f"q{i}", t)) for i, t in enumerate(items)
-                    ]
-                    while router.in_flight() < len(items):
-                        await asyncio.sleep(0.001)
+                    sent = await _queued_burst(router, stub, "q", items)
                     await router.drain(0, resume=True)
                     answers = await asyncio.gather(*sent)
-                moved = router.metrics.registry.get_sample_value(
-                    "vertumnus_router_requests_moved_total"
-                )
+                moved = _moved(router)
                 return answers, moved, router.in_flight()
             finally:
                 await running.stop()

@@ -1145,8 +1145,8 @@ class Router:
         if not members:
             return 0
         pending = {p.request.id: p for w in members.values() for p in w.queue}
-        before = {p.request.id: i for i, w in members.items() for p in w.queue}
         queues = {i: [p.request.id for p in w.queue] for i, w in members.items()}
+        before = {rid: i for i, ids in queues.items() for rid in ids}
         for w in members.values():
             w.queue.clear()
         for r in placement_order(self.core.withdraw_queues(queues)):
