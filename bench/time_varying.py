@@ -10,7 +10,14 @@ conversation trace by :mod:`vertumnus.sim.phases` (block size 512). On a
   placement), and
 - cost-model placement on every fixed composition of the CP4/CP8 lattice
   (which includes the paper's two baselines 4xCP4+3xCP8 and 6xCP4+2xCP8);
-  the best of them over the whole run is reported as "best fixed".
+  the best of them over the whole run is reported as "best fixed";
+- the **lagged oracle** (:mod:`vertumnus.sim.schedule`): each phase's best
+  fixed composition, moved to ``lag`` seconds after the phase begins by the
+  same executor as the adaptive pool (drains, switches, re-placement), for
+  each lag of ``--lags``. Lag 0 is the per-phase oracle with its transitions
+  paid; a controller that needs ``lag`` seconds to see a change can at best
+  do what that lag's run does, so the curve says how much of the oracle's
+  gain is within reach at the adaptive pool's own lag.
 
 Writes ``docs/benchmarks/adaptive_time_varying.json`` and ``.png``: TTFT over
 time (30 s bins) with the adaptive pool's composition beneath it, and
@@ -21,6 +28,8 @@ mean / P90 TTFT per phase. Run::
     python bench/time_varying.py --seed 1 --fixed 6xCP4+2xCP8,4xCP4+3xCP8 --out /tmp/tv1
                                             # another workload draw, the two baselines only
     python bench/time_varying.py --planner window_s=30   # planner settings changed
+    python bench/time_varying.py --schedule "0=6xCP4+2xCP8;320=2xCP4+4xCP8"
+                                            # also a schedule of compositions (seconds=composition)
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ from vertumnus.sim.reconfig import (
     transitions_report,
 )
 from vertumnus.sim.runner import parse_planner_settings
+from vertumnus.sim.schedule import Move, build_scheduled, check_schedule
 from vertumnus.sim.traces import Trace, load_mooncake
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,6 +72,8 @@ EVAL_PHASES = "600s:rate=8,long=0.3,name=high;600s:rate=2,long=6,name=low;repeat
 EVAL_SEED = 0
 BASELINES = ("4xCP4+3xCP8", "6xCP4+2xCP8")
 GPUS = 40
+LAGS = (0.0, 2.5, 5.0, 10.0, 20.0)
+"""Seconds after each phase boundary at which the lagged oracle moves."""
 
 
 def workload(spec: str, seed: int) -> tuple[Trace, list[PhaseBoundary]]:
@@ -115,6 +127,62 @@ def run_adaptive(
     sim = build_adaptive(trace, load_model(), options)
     t0 = time.perf_counter()
     return sim.run(trace.requests), time.perf_counter() - t0, sim
+
+
+def parse_schedule(text: str) -> list[Move]:
+    """``SECONDS=COMPOSITION;...`` (the first at 0 s) as moves; ValueError names the entry."""
+    moves = []
+    for entry in (e.strip() for e in text.split(";") if e.strip()):
+        at, sep, comp = entry.partition("=")
+        try:
+            if not sep:
+                raise ValueError("expected SECONDS=COMPOSITION")
+            moves.append(Move(float(at), Composition.parse(comp)))
+        except ValueError as e:
+            raise ValueError(f"schedule entry {entry!r}: {e}") from None
+    return moves
+
+
+def run_schedule(
+    trace: Trace, bounds: Sequence[PhaseBoundary], policies: dict[str, dict], moves: list[Move]
+) -> dict[str, Any]:
+    """A pool that follows ``moves`` (:mod:`vertumnus.sim.schedule`), with the share of the
+    per-phase oracle's gain over the best single fixed composition it captures."""
+    sim = build_scheduled(trace, load_model(), moves, AdaptiveOptions(gpus=GPUS))
+    t0 = time.perf_counter()
+    result = sim.run(trace.requests)
+    fixed = {k: v for k, v in policies.items() if k.startswith("vertumnus:")}
+    run = {**fixed, "vertumnus-adaptive": report(result, bounds, time.perf_counter() - t0)}
+    return {
+        "schedule": ";".join(f"{m.at_s:g}={m.composition}" for m in moves),
+        "mean_ttft_s": run["vertumnus-adaptive"]["mean_ttft_s"],
+        "p90_ttft_s": run["vertumnus-adaptive"]["p90_ttft_s"],
+        "captured": per_phase_oracle(run, len(bounds))["captured"],
+        "reconfigurations": result.reconfigurations,
+        "phases": [p["mean_ttft_s"] for p in run["vertumnus-adaptive"]["phases"]],
+    }
+
+
+def lagged_oracle(
+    trace: Trace,
+    bounds: Sequence[PhaseBoundary],
+    policies: dict[str, dict],
+    lags: Sequence[float],
+) -> list[dict[str, Any]]:
+    """The lagged oracle's run for each lag (module docstring)."""
+    picks = per_phase_oracle(policies, len(bounds))["per_phase_best"]
+    out = []
+    for lag in lags:
+        moves = [Move(0.0, Composition.parse(picks[0]["best_fixed"]))]
+        for (start, _, _), pick in zip(bounds[1:], picks[1:], strict=True):
+            moves.append(Move(start + lag, Composition.parse(pick["best_fixed"])))
+        out.append({"lag_s": lag, **run_schedule(trace, bounds, policies, moves)})
+        print(
+            f"  lagged oracle, {lag:g} s: mean {out[-1]['mean_ttft_s']:.4f} s, "
+            f"captured {out[-1]['captured']:.1%}",
+            file=sys.stderr,
+        )
+    return out
 
 
 def ttft_series(
@@ -318,6 +386,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="planner settings for the adaptive pool, e.g. 'window_s=30,persist_windows=3'",
     )
     ap.add_argument(
+        "--lags",
+        default=",".join(f"{x:g}" for x in LAGS),
+        help="seconds after each phase boundary at which the lagged oracle moves "
+        "(comma-separated; empty: no lagged oracle)",
+    )
+    ap.add_argument(
+        "--schedule",
+        action="append",
+        default=[],
+        metavar="SECONDS=COMPOSITION;...",
+        help="also run a pool that follows this schedule of compositions (the first at 0 s; "
+        "repeatable), e.g. a controller's moves played back",
+    )
+    ap.add_argument(
         "--no-rebalance",
         action="store_true",
         help="the adaptive pool leaves queued requests where they are at a commit "
@@ -325,6 +407,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     control = parse_planner_settings(args.planner)
+    try:
+        lags = [float(x) for x in args.lags.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--lags {args.lags!r}: give seconds, e.g. 0,2.5,5")
+    if any(x < 0 for x in lags):
+        ap.error(f"--lags {args.lags!r}: a lag is >= 0 s")
+    try:
+        schedules = [parse_schedule(text) for text in args.schedule]
+        for moves in schedules:
+            check_schedule(moves, AdaptiveOptions(gpus=GPUS))
+    except ValueError as e:
+        ap.error(f"--schedule: {e}")
     spec = (
         "300s:rate=8,long=0.3,name=high;300s:rate=2,long=6,name=low" if args.quick else args.phases
     )
@@ -398,6 +492,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ttft_series": series,
     }
     data["verdict"] = verdict(policies, len(bounds))
+    data["verdict"]["oracle"]["lagged"] = lagged_oracle(trace, bounds, policies, lags)
+    data["verdict"]["oracle"]["schedules"] = [
+        run_schedule(trace, bounds, policies, moves) for moves in schedules
+    ]
     data["verdict"]["settled_phases"] = settled(
         raw, policies["vertumnus-adaptive"]["transitions"], bounds
     )
