@@ -13,6 +13,12 @@ Times are CPU time of the process (``time.process_time``: every thread's)
 and wall clock (the decision's latency, which threads shorten), median and
 maximum over ``--repeat`` calls, each on a fresh controller.
 
+``--change`` times instead the look the controller makes every 2.5 s
+(``check_hops`` 8) when the window holds a change of arrivals: the rate
+triples for its last 5 s, so the check also replays the requests since the
+change (``PlannerSettings.whatif_change``). Only the window's last look is
+timed; the seven before it fill the window.
+
 ``bench/planner_speed.py`` records these for this checkout;
 ``bench/compare_checkouts.py`` runs this file against another checkout's
 code, side by side (it only uses what every checkout since the what-if check
@@ -29,10 +35,11 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 from vertumnus.core import planner
 from vertumnus.core.control import Controller, history_requests
-from vertumnus.core.types import Composition
+from vertumnus.core.types import Composition, Request
 from vertumnus.profiles import load_model
 from vertumnus.sim.synthetic import SyntheticConfig, generate
 
@@ -46,14 +53,36 @@ POOLS = {
 """GPUs → the compositions timed there (composition, allowed degrees)."""
 
 
-def time_tick(gpus: int, comp: str, degrees: tuple[int, ...], threads: int, repeat: int) -> dict:
+def _window(gpus: int, change: bool) -> list[tuple[Request, int]]:
+    """The window's requests (with the prefix each reuses): 20 s at 0.75 requests/s per
+    GPU, or (``change``) 15 s of it and 5 s at three times the rate."""
+    rate = 0.75 * gpus
+    parts = [(0.0, 20.0, rate)] if not change else [(0.0, 15.0, rate), (15.0, 5.0, 3 * rate)]
+    out: list[tuple[Request, int]] = []
+    for seed, (start, duration, r) in enumerate(parts):
+        config = SyntheticConfig(duration_s=duration, mean_rate=r, peak_to_trough=1.0)
+        trace = generate(config, seed=seed)
+        hist = history_requests(trace.requests, trace.block_size)
+        for req, h in zip(trace.requests, hist, strict=True):
+            moved = replace(req, id=len(out), arrival_s=req.arrival_s + start)
+            out.append((moved, h.cached_tokens))
+    return out
+
+
+def time_tick(
+    gpus: int,
+    comp: str,
+    degrees: tuple[int, ...],
+    threads: int,
+    repeat: int,
+    change: bool = False,
+) -> dict:
     """Median / max CPU and wall ms of one tick on ``comp`` (module docstring)."""
     model = load_model()
-    trace = generate(
-        SyntheticConfig(duration_s=20.0, mean_rate=0.75 * gpus, peak_to_trough=1.0), seed=0
-    )
-    hist = history_requests(trace.requests, trace.block_size)
-    options: dict[str, object] = {"degrees": degrees, "persist_windows": 1, "check_hops": 1}
+    window = _window(gpus, change)
+    block_size = 512
+    hops = 8 if change else 1
+    options: dict[str, object] = {"degrees": degrees, "persist_windows": 1, "check_hops": hops}
     if threads > 1:
         if "whatif_threads" not in {f.name for f in dataclasses.fields(planner.PlannerSettings)}:
             raise SystemExit("this checkout's controller has no whatif_threads")
@@ -64,23 +93,29 @@ def time_tick(gpus: int, comp: str, degrees: tuple[int, ...], threads: int, repe
     cpu, wall = [], []
     last: dict[str, object] = {}
     for _ in range(repeat):
-        ctl = Controller(
-            planner.initial_state(layout), CAP, settings, model, None, trace.block_size
-        )
-        for r, h in zip(trace.requests, hist, strict=True):
-            ctl.windows.placed(r, 0.01, h.cached_tokens)
+        ctl = Controller(planner.initial_state(layout), CAP, settings, model, None, block_size)
+        hop_s = 20.0 / hops
+        for hop in range(hops):
+            for r, cached in window:
+                if hop_s * hop <= r.arrival_s < hop_s * (hop + 1) or hops == 1:
+                    ctl.windows.placed(r, 0.01, cached)
+            if hop < hops - 1:
+                assert ctl.tick(running, reconfiguring=False) is None  # filling the window
         w0, c0 = time.perf_counter(), time.process_time()
         tick = ctl.tick(running, reconfiguring=False)
         cpu.append((time.process_time() - c0) * 1e3)
         wall.append((time.perf_counter() - w0) * 1e3)
         assert tick is not None and tick.whatif is not None
+        if change and tick.whatif.change is None:
+            raise SystemExit("--change: the window's change of arrivals was not detected")
         last = {
             "verdict": tick.whatif.verdict,
             "candidates": len(tick.whatif.candidates),
             "ops": len(tick.ops),
         }
     return {
-        "label": f"{gpus} GPUs, {len(layout.slots)} workers ({comp}), {len(trace)} requests",
+        "label": f"{gpus} GPUs, {len(layout.slots)} workers ({comp}), {len(window)} requests"
+        + (", a change of arrivals 5 s before the look" if change else ""),
         "median_ms": statistics.median(cpu),
         "max_ms": max(cpu),
         "wall_median_ms": statistics.median(wall),
@@ -94,11 +129,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", type=int, choices=sorted(POOLS), default=1024)
     ap.add_argument("--threads", type=int, default=1, help="whatif_threads (default 1)")
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument(
+        "--change",
+        action="store_true",
+        help="time the look at a window whose last 5 s bring three times the rate",
+    )
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     args = ap.parse_args(argv)
     if args.threads < 1 or args.repeat < 1:
         ap.error("--threads and --repeat must be >= 1")
-    found = [time_tick(args.gpus, c, d, args.threads, args.repeat) for c, d in POOLS[args.gpus]]
+    found = [
+        time_tick(args.gpus, c, d, args.threads, args.repeat, args.change)
+        for c, d in POOLS[args.gpus]
+    ]
     for f in found:
         print(
             f"{f['label']}, {args.threads} thread(s): CPU {f['median_ms']:.1f} ms, "

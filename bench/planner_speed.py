@@ -70,27 +70,29 @@ def time_calls(fn, repeat: int) -> dict[str, float]:
 def whatif_decisions(repeat: int = 7) -> dict[str, dict]:
     """CPU and wall time of one Controller.tick with the what-if check
     (``bench/decision_tick.py``), its replays on one thread and on two
-    (``whatif_threads``)."""
+    (``whatif_threads``); at 1,024 GPUs also the look after a change of arrivals
+    (``--change`` there)."""
     out: dict[str, dict] = {}
-    for gpus, pools in decision_tick.POOLS.items():
-        for comp, degrees in pools:
-            for threads in (1, 2):
-                timed = decision_tick.time_tick(gpus, comp, degrees, threads, repeat)
-                label = timed.pop("label")
-                if threads == 1:
-                    out[label] = timed
-                else:
-                    # CPU time counts both threads; the wall clock is the decision's latency.
-                    out[label]["two_threads"] = {
-                        k: timed[k]
-                        for k in ("median_ms", "max_ms", "wall_median_ms", "wall_max_ms")
-                    }
-                print(
-                    label,
-                    f"{threads} thread(s): CPU {timed['median_ms']:.1f} ms, "
-                    f"wall {timed['wall_median_ms']:.1f} ms",
-                    file=sys.stderr,
-                )
+    looks = [(g, c, d, False) for g, pools in decision_tick.POOLS.items() for c, d in pools]
+    # The look after a change of arrivals also replays the requests since the change.
+    looks += [(1024, c, d, True) for c, d in decision_tick.POOLS[1024]]
+    for gpus, comp, degrees, change in looks:
+        for threads in (1, 2):
+            timed = decision_tick.time_tick(gpus, comp, degrees, threads, repeat, change)
+            label = timed.pop("label")
+            if threads == 1:
+                out[label] = timed
+            else:
+                # CPU time counts both threads; the wall clock is the decision's latency.
+                out[label]["two_threads"] = {
+                    k: timed[k] for k in ("median_ms", "max_ms", "wall_median_ms", "wall_max_ms")
+                }
+            print(
+                label,
+                f"{threads} thread(s): CPU {timed['median_ms']:.1f} ms, "
+                f"wall {timed['wall_median_ms']:.1f} ms",
+                file=sys.stderr,
+            )
     return out
 
 

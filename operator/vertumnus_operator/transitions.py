@@ -144,13 +144,15 @@ class TransitionRunner:
                 best = check.best
                 record = replace(record, last_check={"hop": window.hop, **check.to_dict()})
                 log.info(
-                    "hop %d what-if %s: %s %.3f s (P90 %.3f s) over %d requests; best candidate %s",
+                    "hop %d what-if %s: %s %.3f s (P90 %.3f s) over %d requests%s; "
+                    "best candidate %s",
                     window.hop,
                     check.verdict,
                     check.current.composition,
                     check.current.mean_s,
                     check.current.p90_s,
                     check.current.requests,
+                    "" if check.since_s is None else f" (the last {check.since_s:g} s: a change)",
                     "none" if best is None else f"{best.composition} {best.mean_s:.3f} s",
                 )
             if tick is not None and ops:

@@ -467,3 +467,78 @@ def test_replays_on_threads_give_the_same_check(model):
     assert len(checks[0][0]["candidates"]) >= 3
     with pytest.raises(ValueError, match="whatif_threads"):
         settings(whatif_threads=0)
+
+
+def _quiet_then_burst(ctl: Controller):  # type: ignore[no-untyped-def]
+    """Seven hops of two long requests each, then a burst of short ones in the eighth
+    (the window's last 2.5 s), ticking after each hop: the eighth tick's check."""
+    rid = 0
+    tick = None
+    for hop in range(8):
+        if hop < 7:
+            batch = [(2.5 * hop, 60000), (2.5 * hop + 0.5, 60000)]
+        else:
+            batch = [(17.5, 100)] + [(18.0, 8000)] * 10
+        for t, n in batch:
+            ctl.windows.placed(Request(rid, t, n, (1000 + rid,)), 1.0, 0)
+            rid += 1
+        tick = ctl.tick({0: 0.0}, reconfiguring=False)
+    assert tick is not None and tick.whatif is not None
+    return tick
+
+
+def test_after_a_change_of_arrivals_the_check_judges_on_the_requests_since(model):
+    """On the whole window two CP4s do not pay decisively (its long requests run slower
+    there); on the requests since the burst began they do."""
+    huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
+    layout = planner.layout_for(Composition.parse("CP8"), 8)
+    ps = settings(check_hops=8, persist_windows=2, min_requests=4)
+    since = _quiet_then_burst(Controller(planner.initial_state(layout), huge, ps, model))
+    assert since.whatif.change is not None and since.whatif.change.hops == 1
+    assert since.whatif.change.statistic >= ps.whatif_change
+    assert since.whatif.since_s == 2.5 and since.whatif.current.requests == 11
+    assert since.whatif.verdict == "trigger" and since.target == "2xCP4"
+    assert since.ops[0].reason.endswith("on the last 2.5 s (a change of arrivals)")
+    assert since.whatif.to_dict()["since_s"] == 2.5
+    # The whole window (the setting off): no decisive gain, and no persistence yet.
+    off = replace(ps, whatif_change=0.0)
+    whole = _quiet_then_burst(Controller(planner.initial_state(layout), huge, off, model))
+    assert whole.whatif.change is None and whole.whatif.current.requests == 25
+    assert whole.ops == () and whole.whatif.verdict == "wait"
+    assert whole.whatif.to_dict()["since_s"] is None
+    with pytest.raises(ValueError, match="whatif_change"):
+        settings(whatif_change=-1.0)
+
+
+def test_a_move_of_the_whole_window_is_vetoed_when_it_does_not_pay_since_the_change(model):
+    """2xCP4 with one 100K-token request per hop, then a burst of short requests: on
+    the whole window a merge to one CP8 pays (the long requests run faster there), on
+    the burst since the change it does not (one worker instead of two)."""
+    huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
+    layout = planner.layout_for(Composition.parse("2xCP4"), 8)
+
+    def window(ps: planner.PlannerSettings):  # type: ignore[no-untyped-def]
+        ctl = Controller(planner.initial_state(layout), huge, ps, model)
+        rid = 0
+        for hop in range(8):
+            if hop < 7:
+                batch = [(2.5 * hop, 100_000)]
+            else:
+                batch = [(17.5 + 0.05 * i, 6000) for i in range(10)]
+            for t, n in batch:
+                ctl.windows.placed(Request(rid, t, n, (1000 + rid,)), 1.0, 0)
+                rid += 1
+            tick = ctl.tick({0: 0.0, 1: 0.0}, reconfiguring=False)
+        assert tick is not None and tick.whatif is not None
+        return tick, ctl
+
+    ps = settings(check_hops=8, min_requests=4)
+    whole, _ = window(replace(ps, whatif_change=0.0))
+    assert whole.whatif.verdict == "trigger" and whole.target == "1xCP8"
+    since, ctl = window(ps)
+    assert since.whatif.verdict == "veto" and since.ops == ()
+    assert since.whatif.since_s == 2.5 and since.whatif.current.requests == 10
+    assert since.whatif.proposed is not None
+    assert since.whatif.proposed.composition == Composition.parse("1xCP8")
+    assert since.whatif.proposed.mean_s > since.whatif.current.mean_s
+    assert since.target is None and ctl.state.pending == () and ctl._goal is None

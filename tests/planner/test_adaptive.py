@@ -151,3 +151,35 @@ def test_adaptive_pool_runs_with_the_cache_manager_hook(model: PrefillModel) -> 
     result = sim.run(trace.requests)
     assert sorted(c.request_id for c in result.completions) == list(range(len(trace)))
     assert result.reconfigurations >= 1
+
+
+def test_a_phase_change_is_met_within_a_look_of_it(model: PrefillModel) -> None:
+    """The synthetic workload, flat, in two phases: a light long-heavy minute, then a
+    busy short one. Judging on the requests since the change, the pool starts splitting
+    at the first look after it (62.5 s) and serves the busy phase faster than when the
+    check waits until the whole window holds the change (issue 12)."""
+    from vertumnus.sim.phases import apply_phases
+    from vertumnus.sim.traces import load_trace
+
+    trace, _ = apply_phases(
+        load_trace("synthetic:peak_to_trough=1"),
+        "60s:rate=2,long=6,name=low;60s:rate=10,long=0.3,name=high",
+        seed=0,
+    )
+    runs = {}
+    for change in (25.0, 0.0):
+        opts = AdaptiveOptions(
+            gpus=40,
+            control=planner.PlannerSettings(whatif_change=change),
+            initial=Composition.parse("2xCP4+4xCP8"),
+        )
+        sim = build_adaptive(trace, model, opts)
+        result = sim.run(trace.requests)
+        assert sorted(c.request_id for c in result.completions) == list(range(len(trace)))
+        busy = [c.ttft_s for c in result.completions if c.arrival_s >= 60.0]
+        runs[change] = (sim.attachments["executor"].transitions, sum(busy) / len(busy))
+    since, whole = runs[25.0], runs[0.0]
+    assert since[0][0].kind == "split" and since[0][0].started_s == 62.5
+    assert since[0][0].reason.endswith("on the last 2.5 s (a change of arrivals)")
+    assert whole[0][0].started_s >= 70.0
+    assert since[1] < 0.95 * whole[1]

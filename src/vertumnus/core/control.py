@@ -13,6 +13,9 @@ shell, and runs the planner's steps:
 - **reuse weights**: the cached blocks each worker reused recently, halving
   per window, so that the planner ranks a reconfiguration of a worker whose
   cache is in demand after one whose cache is cold;
+- **change points** (``settings.whatif_change``): where the window's
+  arrivals changed, if they did (:mod:`vertumnus.core.changepoint`), so that
+  the what-if check judges on the requests since the change;
 - **history**: the planner's view of a past workload
   (:func:`history_requests`), for the initial composition;
 - **capacity samples** (``settings.learn_capacity``): each degree's window of
@@ -41,7 +44,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from vertumnus.core import kappa, planner, whatif
+from vertumnus.core import changepoint, kappa, planner, whatif
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.metrics import SloRule
 from vertumnus.core.placement import PlacementParams
@@ -140,10 +143,21 @@ class ControlWindows:
         """A request for the what-if check only (its demand counted by :meth:`add`)."""
         self._seen.add(request, cached_tokens, self.block_size)
 
-    def _parts(self) -> list[_SeenHop]:
+    def _parts(self, last: int | None = None) -> list[_SeenHop]:
+        """The window's hops, oldest first (``last``: only the newest this many)."""
         hops = self.settings.hops_per_window
         parts = list(self._seen_hops)[-(hops - 1) :] if hops > 1 else []
-        return [*parts, self._seen]
+        parts.append(self._seen)
+        return parts if last is None else parts[-last:]
+
+    def hop_counts(self) -> list[tuple[int, int]]:
+        """Per hop of the window, oldest first: the short and the long requests seen."""
+        at = self.settings.long_threshold
+        out = []
+        for p in self._parts():
+            long = int(np.count_nonzero(np.frombuffer(p.lengths, dtype=np.int64) > at))
+            out.append((len(p.lengths) - long, long))
+        return out
 
     def cut(self) -> None:
         """Some of the open hop's requests will not be seen (a router replica listed
@@ -156,10 +170,11 @@ class ControlWindows:
         """Every request of the window was seen (no hop of it was :meth:`cut`)."""
         return all(p.whole for p in self._parts())
 
-    def columns(self) -> whatif.Columns:
+    def columns(self, last: int | None = None) -> whatif.Columns:
         """The window's requests column by column, for :meth:`RequestTable.of_columns
-        <vertumnus.core.whatif.RequestTable.of_columns>`."""
-        parts = self._parts()
+        <vertumnus.core.whatif.RequestTable.of_columns>` (``last``: those of its newest
+        this many hops only)."""
+        parts = self._parts(last)
         offsets = np.cumsum([0] + [len(p.arrivals) for p in parts[:-1]]).tolist()
 
         def cat(name: str, dtype: type) -> np.ndarray:
@@ -253,6 +268,12 @@ class WhatIf:
     (it does not pay; not made), ``trigger`` (the check moves on its own: a
     candidate paid for ``persist_windows`` windows, or by ``whatif_decisive``
     in one), ``wait`` (a candidate pays, not yet long enough) or ``stay``."""
+    change: changepoint.Change | None = None
+    """The change of arrivals found within the window (None: none, or
+    ``PlannerSettings.whatif_change`` is 0)."""
+    since_s: float | None = None
+    """Seconds of the window after that change, when the requests since it decided
+    (a decisive move or a veto; the estimates are theirs). None: the whole window's."""
 
     @property
     def best(self) -> whatif.Estimate | None:
@@ -266,6 +287,8 @@ class WhatIf:
             "best": None if best is None else best.to_dict(),
             "proposed": None if self.proposed is None else self.proposed.to_dict(),
             "candidates": [dict(e.to_dict(), direction=d) for d, e in self.candidates],
+            "since_s": self.since_s,
+            "change_statistic": None if self.change is None else round(self.change.statistic, 2),
         }
 
 
@@ -288,9 +311,15 @@ class _Replays:
         params: PlacementParams,
         threads: int,
         current: Composition,
+        change: changepoint.Change | None = None,
+        since_s: float | None = None,
     ) -> None:
         self._table = table
         self._params = params
+        self.change = change
+        """The change of arrivals the table starts at (None: the table is the whole window)."""
+        self.since_s = since_s
+        """Seconds the table's requests span after that change."""
         self._pool = ThreadPoolExecutor(threads, "whatif") if threads > 1 else None
         self.current = self.start(current)
         """The current composition's estimate, to be waited for."""
@@ -315,6 +344,28 @@ class _Replays:
     def __exit__(self, *exc: object) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+
+
+_Path = tuple[str, list[planner.PathStep], whatif.Estimate]
+"""A candidate of the check: its direction, the steps to it and its estimate."""
+
+
+@dataclass(frozen=True)
+class _Weighed:
+    """The check's estimates on one set of replays (:meth:`Controller._weigh`)."""
+
+    replays: _Replays
+    current: whatif.Estimate
+    candidates: tuple[tuple[str, whatif.Estimate], ...]
+    paths: Mapping[str, list[tuple[list[planner.PathStep], whatif.Estimate]]]
+    best: _Path | None
+    """The candidate with the lowest mean among those that pay by the margin."""
+    decisive: _Path | None
+    """``best`` if it pays by ``whatif_decisive``."""
+
+    def report(self, check: WhatIf) -> WhatIf:
+        """``check`` as judged on these replays (their change of arrivals, if any)."""
+        return replace(check, change=self.replays.change, since_s=self.replays.since_s)
 
 
 class Controller:
@@ -437,7 +488,11 @@ class Controller:
         # The check's first replay (the current composition) starts now, so that on
         # threads it runs while the rules decide.
         replays = self._replays(before, reconfiguring)
-        with replays if replays is not None else contextlib.nullcontext():
+        since = None if replays is None else self._since_change(before)
+        with contextlib.ExitStack() as stack:
+            for r in (replays, since):
+                if r is not None:
+                    stack.enter_context(r)
             if not ps.rules_at_boundaries:
                 self.state, ops = planner.step(before, obs, self.capacity, ps)
             elif boundary:
@@ -450,7 +505,7 @@ class Controller:
                 ops = ()
             check = None
             if replays is not None:
-                check, ops = self._check(before, obs, ops, replays, boundary)
+                check, ops = self._check(before, obs, ops, replays, boundary, since)
         k_cap = self.capacity.capacity_per_s(s.degree for s in self.state.layout.slots)
         tick = Tick(
             obs,
@@ -495,27 +550,34 @@ class Controller:
         """Each probe's estimate: its replay with the transition (its drain and
         switch) and, with a horizon, its replay from the window's start weighed in
         (``whatif_horizon`` − 1) times: the transition is paid once, the composition
-        serves on after it. Every replay is started before any is waited for."""
+        serves on after it. On the requests since a change, which span less than a
+        window, the replay with the transition weighs what they span of the
+        horizon's ``whatif_horizon`` windows. Every replay is started before any is
+        waited for."""
         ps = self.settings
         h = ps.whatif_horizon
+        since = replays.since_s
         started = []
         for steps in probes:
             starts = whatif.transition_starts(
                 [(st.drain_s, st.made) for st in steps], ps.switch_s, ps.max_concurrent_ops
             )
             comp = steps[-1].composition
-            steady = replays.start(comp) if h > 1 else None
+            steady = replays.start(comp) if h > 1 or since is not None else None
             started.append((steps, replays.start(comp, starts), steady))
         out = []
         for steps, made, steady in started:
             e = made()
             if steady is not None:
                 s = steady()
-                e = replace(
-                    e,
-                    mean_s=(e.mean_s + (h - 1) * s.mean_s) / h,
-                    p90_s=(e.p90_s + (h - 1) * s.p90_s) / h,
-                )
+                if since is None:
+                    mean = (e.mean_s + (h - 1) * s.mean_s) / h
+                    p90 = (e.p90_s + (h - 1) * s.p90_s) / h
+                else:
+                    w = min(1.0, since / (h * ps.window_s))
+                    mean = w * e.mean_s + (1.0 - w) * s.mean_s
+                    p90 = w * e.p90_s + (1.0 - w) * s.p90_s
+                e = replace(e, mean_s=mean, p90_s=p90)
             out.append((steps, e))
         return out
 
@@ -533,8 +595,17 @@ class Controller:
             or not self.windows.whole
         ):
             return None
-        columns = self.windows.columns()
-        if len(columns.arrivals) < ps.min_requests:
+        return self._replays_of(before, self.windows.columns())
+
+    def _replays_of(
+        self,
+        before: planner.ControllerState,
+        columns: whatif.Columns,
+        change: changepoint.Change | None = None,
+    ) -> _Replays | None:
+        """Replays of ``columns`` (None: fewer than ``min_requests`` requests)."""
+        ps = self.settings
+        if len(columns.arrivals) < ps.min_requests or self.model is None:
             return None
         layout = before.layout
         degrees = sorted(set(ps.degrees) | {s.degree for s in layout.slots})
@@ -542,7 +613,24 @@ class Controller:
         # A small window's replays take well under a millisecond each: threads
         # would cost more than they save.
         threads = ps.whatif_threads if table.n >= 2000 else 1
-        return _Replays(table, self.params, threads, layout.composition)
+        since = None if change is None else change.hops * ps.hop
+        return _Replays(table, self.params, threads, layout.composition, change, since)
+
+    def _since_change(self, before: planner.ControllerState) -> _Replays | None:
+        """Replays of the requests since a change of the window's arrivals
+        (``settings.whatif_change``), if there is one with ``min_requests``
+        requests on either side."""
+        ps = self.settings
+        if not ps.whatif_change:
+            return None
+        counts = self.windows.hop_counts()
+        change = changepoint.last_change(counts)
+        if change is None or change.statistic < ps.whatif_change:
+            return None
+        after = sum(s + lg for s, lg in counts[-change.hops :])
+        if sum(s + lg for s, lg in counts) - after < ps.min_requests:
+            return None
+        return self._replays_of(before, self.windows.columns(change.hops), change)
 
     def _check(
         self,
@@ -551,29 +639,86 @@ class Controller:
         ops: tuple[planner.Op, ...],
         replays: _Replays,
         boundary: bool = True,
+        since: _Replays | None = None,
     ) -> tuple[WhatIf, tuple[planner.Op, ...]]:
         """The what-if check of this window: the rules' ``ops`` kept or vetoed, or the
-        check's own move (module docstring of :mod:`vertumnus.core.whatif`)."""
-        ps = self.settings
+        check's own move (module docstring of :mod:`vertumnus.core.whatif`).
+
+        After a change of arrivals within the window (``since``: the replays of the
+        requests since it), those requests have the last word: a decisive gain on
+        them moves at once, and a move the whole window leads to (the rules' or
+        the check's own) is made only if it pays on them too. Persistence is
+        counted on whole disjoint windows only."""
         layout = before.layout
-        paths = {
-            d: self._estimates(replays, self._probes(layout, obs.workers, d))
-            for d in ("split", "merge")
-        }
-        current = replays.current()
-
-        def pays(e: whatif.Estimate) -> bool:
-            # The mean must improve by the margin, and the P90 not get worse by more.
-            return e.mean_s <= current.mean_s * (1.0 - ps.whatif_margin) and (
-                e.p90_s <= current.p90_s * (1.0 + ps.whatif_margin)
+        probes = {d: self._probes(layout, obs.workers, d) for d in ("split", "merge")}
+        recent = None if since is None else self._weigh(since, probes)
+        if recent is not None and recent.decisive:
+            moved = self._move(
+                before,
+                recent.decisive,
+                recent.current,
+                recent.candidates,
+                None,
+                "trigger",
+                recent.replays,
             )
+            return recent.report(moved[0]), moved[1]
+        goal = self._goal
+        check, out = self._check_window(before, obs, ops, replays, boundary, probes)
+        if recent is None:
+            return check, out
+        if out:
+            direction = "split" if isinstance(out[0], planner.Split) else "merge"
+            target = self.state.target or self._after(layout, out)
+            probe = self._probes(layout, obs.workers, direction, target)
+            found = self._estimates(recent.replays, probe)
+            if found and not self._pays(found[0][1], recent.current):
+                # The whole window's move does not pay on the requests since the change.
+                self._goal = goal
+                self.state = _nothing_started(before)
+                veto = WhatIf(recent.current, recent.candidates, found[0][1], "veto")
+                return recent.report(veto), ()
+        return replace(check, change=recent.replays.change), out
 
-        candidates = tuple((d, e) for d, found in paths.items() for _, e in found)
-        paying = [(d, steps, e) for d, found in paths.items() for steps, e in found if pays(e)]
+    def _pays(self, e: whatif.Estimate, current: whatif.Estimate) -> bool:
+        """``e`` improves on ``current`` by the margin, its P90 no worse by more than it."""
+        m = self.settings.whatif_margin
+        return e.mean_s <= current.mean_s * (1.0 - m) and e.p90_s <= current.p90_s * (1.0 + m)
+
+    def _weigh(
+        self, replays: _Replays, probes: Mapping[str, list[list[planner.PathStep]]]
+    ) -> _Weighed:
+        """The estimates of ``probes`` on ``replays``, and the best that pays."""
+        paths = {d: self._estimates(replays, found) for d, found in probes.items()}
+        current = replays.current()
+        paying = [
+            (d, steps, e)
+            for d, found in paths.items()
+            for steps, e in found
+            if self._pays(e, current)
+        ]
         best = min(paying, key=lambda c: (c[2].mean_s, len(c[1])), default=None)
         decisive = best is not None and best[2].mean_s <= current.mean_s * (
-            1.0 - ps.whatif_decisive
+            1.0 - self.settings.whatif_decisive
         )
+        candidates = tuple((d, e) for d, found in paths.items() for _, e in found)
+        return _Weighed(replays, current, candidates, paths, best, best if decisive else None)
+
+    def _check_window(
+        self,
+        before: planner.ControllerState,
+        obs: planner.WindowObservation,
+        ops: tuple[planner.Op, ...],
+        replays: _Replays,
+        boundary: bool,
+        probes: Mapping[str, list[list[planner.PathStep]]],
+    ) -> tuple[WhatIf, tuple[planner.Op, ...]]:
+        """The check on the whole window (:meth:`_check`)."""
+        ps = self.settings
+        layout = before.layout
+        weighed = self._weigh(replays, probes)
+        paths, current, candidates = weighed.paths, weighed.current, weighed.candidates
+        best, decisive = weighed.best, weighed.decisive is not None
         if ops:
             direction = "split" if isinstance(ops[0], planner.Split) else "merge"
             target = self.state.target or self._after(layout, ops)
@@ -583,17 +728,19 @@ class Controller:
                 found = [e for _, e in self._estimates(replays, probe)]
             proposed = found[0] if found else None
             self._streak = ("", 0)
-            if proposed is not None and pays(proposed):
+            if proposed is not None and self._pays(proposed, current):
                 # The rules' move pays. Going further the same way pays more? Then there.
                 if (
                     best is not None
                     and best[0] == direction
                     and best[2].mean_s <= proposed.mean_s * (1.0 - ps.whatif_margin)
                 ):
-                    return self._move(before, best, current, candidates, proposed, "extend")
+                    return self._move(
+                        before, best, current, candidates, proposed, "extend", replays
+                    )
                 return WhatIf(current, candidates, proposed, "agree"), ops
             if decisive and best is not None:
-                return self._move(before, best, current, candidates, proposed, "trigger")
+                return self._move(before, best, current, candidates, proposed, "trigger", replays)
             # Veto: the rules' move does not pay on this window; nothing starts.
             self.state = _nothing_started(before)
             return WhatIf(current, candidates, proposed, "veto"), ()
@@ -609,16 +756,17 @@ class Controller:
         self._streak = (best[0], n)
         if n < ps.persist_windows and not decisive:
             return WhatIf(current, candidates, None, "wait"), ()
-        return self._move(before, best, current, candidates, None, "trigger")
+        return self._move(before, best, current, candidates, None, "trigger", replays)
 
     def _move(
         self,
         before: planner.ControllerState,
-        chosen: tuple[str, list[planner.PathStep], whatif.Estimate],
+        chosen: _Path,
         current: whatif.Estimate,
         candidates: tuple[tuple[str, whatif.Estimate], ...],
         proposed: whatif.Estimate | None,
         verdict: str,
+        replays: _Replays,
     ) -> tuple[WhatIf, tuple[planner.Op, ...]]:
         """Start the what-if check's own move toward ``chosen`` (direction, path, estimate)
         in place of whatever the rules decided."""
@@ -633,6 +781,8 @@ class Controller:
             f"what-if: {best.composition} {best.mean_s:.3f} s vs {current.mean_s:.3f} s "
             f"on {current.composition}"
         )
+        if replays.since_s is not None:
+            why += f", on the last {replays.since_s:g} s (a change of arrivals)"
         start = tuple(replace(op, reason=why) for op in start)
         self._goal = (direction, best.composition)
         self.state = replace(

@@ -248,6 +248,14 @@ class PlannerSettings:
     windows became twice as frequent (``check_hops`` 8): more looks give noise
     more chances, and 0.15 keeps the cycling long-context family from
     following its cycle (docs/benchmarks/adaptive.md, "A look every 2.5 s")."""
+    whatif_change: float = 25.0
+    """When the window's arrivals changed within it, the what-if check judges on
+    the requests since the change, not on the whole window: the likelihood-ratio
+    statistic of the most likely change point (:mod:`vertumnus.core.changepoint`)
+    must reach this, and both sides must hold ``min_requests`` requests. Such a
+    look moves only on a decisive gain (``whatif_decisive``) and never counts
+    toward persistence. 0: always the whole window
+    (docs/benchmarks/adaptive.md, "Judging on the requests since a change")."""
     switch_s: float = 0.5
     """Seconds a split or merge keeps its GPUs out of service after the drain
     (the executor's switch), charged by the what-if check."""
@@ -320,6 +328,8 @@ class PlannerSettings:
             )
         if self.switch_s < 0:
             raise ValueError(f"switch_s must be >= 0, got {self.switch_s}")
+        if not self.whatif_change >= 0:
+            raise ValueError(f"whatif_change must be >= 0 (0: off), got {self.whatif_change}")
         object.__setattr__(self, "degrees", tuple(sorted(set(self.degrees))))
 
     @property
