@@ -108,14 +108,13 @@ class ScheduledMoves:
 
 def check_schedule(moves: Sequence[Move], options: AdaptiveOptions) -> None:
     """ValueError naming the first move a pool of ``options`` cannot follow: the schedule
-    must start at 0 s, and every composition must be one of the pool's lattice."""
+    must start at 0 s (no move before it), and every composition must be one of the
+    pool's lattice."""
     ps = options.control
     if not moves or min(m.at_s for m in moves) != 0.0:
         raise ValueError("a schedule needs a move at 0 s: the composition the pool starts with")
     lattice = set(planner.enumerate_lattice(options.gpus, ps.degrees, ps.domain_size))
     for m in moves:
-        if m.at_s < 0:
-            raise ValueError(f"scheduled move at {m.at_s} s: times must be >= 0")
         if m.composition not in lattice:
             raise ValueError(
                 f"scheduled composition {m.composition} is not a {options.gpus}-GPU composition "
