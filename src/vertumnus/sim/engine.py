@@ -218,6 +218,15 @@ class Simulation:
     def sim_workers(self) -> list[SimWorker]:
         return list(self._by_id.values())
 
+    def running_remaining(self) -> dict[int, float]:
+        """Worker id → seconds left of the prefill it is running (0: idle): what a
+        drain of it would wait for."""
+        now = self.now
+        return {
+            w.id: max(0.0, w.finish_s - now) if w.running is not None else 0.0
+            for w in self._by_id.values()
+        }
+
     def has_worker(self, wid: int) -> bool:
         return wid in self._by_id
 

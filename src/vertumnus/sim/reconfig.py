@@ -279,16 +279,9 @@ class AdaptiveController:
     def _started(self, worker: int, request: Request, reused_blocks: int) -> None:
         self.controller.windows.reused(worker, reused_blocks)
 
-    def _running(self) -> dict[int, float]:
-        now = self.sim.now
-        return {
-            w.id: max(0.0, w.finish_s - now) if w.running is not None else 0.0
-            for w in self.sim.sim_workers()
-        }
-
     def _tick(self) -> None:
         t0 = time.perf_counter()
-        tick = self.controller.tick(self._running(), self.executor.busy)
+        tick = self.controller.tick(self.sim.running_remaining(), self.executor.busy)
         if tick is not None:
             self.decision_cost_s.append(time.perf_counter() - t0)
             obs = tick.observation
@@ -323,7 +316,10 @@ class AdaptiveController:
         assert not isinstance(commit.op, transition.Replace)
         t0 = time.perf_counter()
         more = self.controller.committed(
-            commit.op, commit.new_ids, [s.worker for s in commit.removed], self._running()
+            commit.op,
+            commit.new_ids,
+            [s.worker for s in commit.removed],
+            self.sim.running_remaining(),
         )
         self.advance_cost_s.append(time.perf_counter() - t0)
         self._start(more)
@@ -353,6 +349,17 @@ class AdaptiveOptions:
     """T_ext added to every TTFT (as :class:`PoolConfig`)."""
     slo: SloRule = field(default_factory=SloRule)
     """The TTFT SLO rule for attainment (as :class:`PoolConfig`)."""
+
+    def pool(self, composition: Composition, model: PrefillModel, block_size: int) -> PoolConfig:
+        """The simulated pool these options describe, starting at ``composition``."""
+        return PoolConfig(
+            composition=composition,
+            model=model,
+            block_size=block_size,
+            cache_blocks_per_gpu=self.cache_blocks_per_gpu,
+            t_ext_s=self.t_ext_s,
+            slo=self.slo,
+        )
 
 
 def build_adaptive(
@@ -395,14 +402,7 @@ def build_adaptive(
             ps,
             opts.placement,
         )
-    pool = PoolConfig(
-        composition=initial,
-        model=model,
-        block_size=trace.block_size,
-        cache_blocks_per_gpu=opts.cache_blocks_per_gpu,
-        t_ext_s=opts.t_ext_s,
-        slo=opts.slo,
-    )
+    pool = opts.pool(initial, model, trace.block_size)
     sim = (
         make_sim(pool)
         if make_sim is not None

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from vertumnus.core import planner, transition
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.types import Composition
-from vertumnus.sim.engine import PoolConfig, Simulation
+from vertumnus.sim.engine import Simulation
 from vertumnus.sim.reconfig import AdaptiveOptions, Executor
 from vertumnus.sim.traces import Trace
 
@@ -64,13 +64,6 @@ class ScheduledMoves:
         self.target = composition
         self._advance()
 
-    def _running(self) -> list[planner.WorkerObservation]:
-        now = self.sim.now
-        return [
-            planner.WorkerObservation(w.id, max(0.0, w.finish_s - now) if w.running else 0.0)
-            for w in self.sim.sim_workers()
-        ]
-
     def _advance(self) -> None:
         st, target = self.state, self.target
         if target is None:
@@ -78,7 +71,9 @@ class ScheduledMoves:
         if st.layout.composition == target and not st.pending:
             self.target = None
             return
-        workers = self._running()
+        workers = [
+            planner.WorkerObservation(w, rest) for w, rest in self.sim.running_remaining().items()
+        ]
         for direction in ("split", "merge"):
             path = planner.free_path(
                 st.layout, st.pending, direction, self.settings, workers, target=target
@@ -142,15 +137,7 @@ def build_scheduled(
     ps = opts.control
     check_schedule(moves, opts)
     first = min(moves, key=lambda m: m.at_s).composition
-    pool = PoolConfig(
-        composition=first,
-        model=model,
-        block_size=trace.block_size,
-        cache_blocks_per_gpu=opts.cache_blocks_per_gpu,
-        t_ext_s=opts.t_ext_s,
-        slo=opts.slo,
-    )
-    sim = Simulation(pool, CostModelPolicy(opts.placement))
+    sim = Simulation(opts.pool(first, model, trace.block_size), CostModelPolicy(opts.placement))
     layout = planner.layout_for(first, ps.domain_size)
     executor = Executor(sim, opts.executor, pool=transition.initial_pool(layout))
     later = [m for m in moves if m.at_s > 0]
