@@ -670,13 +670,15 @@ class Controller:
         if out:
             direction = "split" if isinstance(out[0], planner.Split) else "merge"
             target = self.state.target or self._after(layout, out)
-            probe = self._probes(layout, obs.workers, direction, target)
-            found = self._estimates(recent.replays, probe)
-            if found and not self._pays(found[0][1], recent.current):
+            found = [e for _, e in recent.paths[direction] if e.composition == target]
+            if not found:
+                probe = self._probes(layout, obs.workers, direction, target)
+                found = [e for _, e in self._estimates(recent.replays, probe)]
+            if found and not self._pays(found[0], recent.current):
                 # The whole window's move does not pay on the requests since the change.
                 self._goal = goal
                 self.state = _nothing_started(before)
-                veto = WhatIf(recent.current, recent.candidates, found[0][1], "veto")
+                veto = WhatIf(recent.current, recent.candidates, found[0], "veto")
                 return recent.report(veto), ()
         return replace(check, change=recent.replays.change), out
 
