@@ -19,7 +19,9 @@ before, after, ...) so that load elsewhere on a shared machine falls on both:
   ``bench/decision_tick.py`` run on each tree's code, wall-clock ms (median
   of its calls) on CP4/CP8 and on degrees 1–8; ``--decision-threads N``
   gives the *after* tree's check N threads (the before tree keeps one, as a
-  tree without ``whatif_threads`` must).
+  tree without ``whatif_threads`` must, unless ``--before-threads``);
+  ``--decision-change`` times the look after a change of arrivals instead
+  (``decision_tick.py --change``: both trees must have it).
 
 Each tree runs from its own ``src`` with any editable install of the
 project switched off in that process, so neither tree's code leaks into the
@@ -118,16 +120,16 @@ def run_placement(tree: Path, repeat: int) -> float:
         return float(json.loads(out.read_text())["cpu_clock"]["decisions_per_s"])
 
 
-def run_decision(tree: Path, threads: int) -> list[float]:
+def run_decision(tree: Path, threads: int, change: bool = False) -> list[float]:
     """Wall ms (median of 5 calls) of one 1,024-GPU evaluation with the what-if check in
-    ``tree`` (this checkout's bench/decision_tick.py), per composition it times."""
+    ``tree`` (this checkout's bench/decision_tick.py), per composition it times
+    (``change``: the look after a change of arrivals)."""
     script = ROOT / "bench" / "decision_tick.py"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "d.json"
+        flags = ["--threads", str(threads), "--repeat", "5", "--out", str(out)]
         subprocess.run(
-            _python(
-                tree, str(script), "--threads", str(threads), "--repeat", "5", "--out", str(out)
-            ),
+            _python(tree, str(script), *flags, *(["--change"] if change else [])),
             cwd=tree,
             check=True,
             capture_output=True,
@@ -149,6 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         help="compare the controller's what-if decision time instead",
     )
     ap.add_argument("--decision-threads", type=int, default=1)
+    ap.add_argument("--before-threads", type=int, default=1)
+    ap.add_argument(
+        "--decision-change",
+        action="store_true",
+        help="with --decision: time the look after a change of arrivals",
+    )
     args = ap.parse_args(argv)
     if args.decision:
         return compare_decisions(args)
@@ -211,11 +219,11 @@ def main(argv: list[str] | None = None) -> int:
 def compare_decisions(args: argparse.Namespace) -> int:
     """The decision figure alone: both trees in alternation, medians and ratios."""
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
-    threads = {"before": 1, "after": args.decision_threads}
+    threads = {"before": args.before_threads, "after": args.decision_threads}
     found: dict[str, list[list[float]]] = {k: [] for k in trees}
     for i in range(args.runs):
         for label, tree in trees.items():
-            found[label].append(run_decision(tree, threads[label]))
+            found[label].append(run_decision(tree, threads[label], args.decision_change))
             print(f"run {i + 1}/{args.runs} {label}: decision {found[label][-1]} ms", flush=True)
     names = ["1024 GPUs CP4/CP8", "1024 GPUs degrees 1-8"]
     median = {
@@ -227,6 +235,7 @@ def compare_decisions(args: argparse.Namespace) -> int:
         "runs": args.runs,
         "trees": {k: str(v) for k, v in trees.items()},
         "threads": threads,
+        "change": args.decision_change,
         "decision_wall_ms": median,
         "ratios": {n: median["after"][n] / median["before"][n] for n in names},
         "samples": found,

@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 
 from vertumnus.core import planner, whatif
-from vertumnus.core.control import Controller, history_requests, initial_composition
+from vertumnus.core.control import (
+    Controller,
+    ControlWindows,
+    history_requests,
+    initial_composition,
+)
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.placement import PlacementParams
 from vertumnus.core.types import Composition, Request
@@ -292,8 +297,9 @@ def test_the_compiled_replay_gives_the_python_floats(model, seed):
         c = np.empty(t.n)
         whatif.replay(
             t.arrivals,
-            t.hit[index].copy(),
-            t.miss[index].copy(),
+            t.hit,
+            t.miss,
+            index,
             t.reused,
             t.carry_ptr,
             t.carry_ids,
@@ -314,14 +320,17 @@ def test_the_compiled_replay_refuses_inconsistent_shapes(model):
     t = random_table(model, 0, n=20)
     with pytest.raises(ValueError, match="inconsistent table shapes"):
         whatif.replay(
-            t.arrivals, t.hit[:1], t.miss, t.reused, t.carry_ptr, t.carry_ids,
+            t.arrivals, t.hit[:1], t.miss, [0, 1], t.reused, t.carry_ptr, t.carry_ids,
+            t.n_prefixes, [[0.0], [0.0]], [0.0, 0.0], 1.0, 0.0, np.empty(t.n),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="outside the table's rows"):
+        whatif.replay(
+            t.arrivals, t.hit, t.miss, [0, len(t.degrees)], t.reused, t.carry_ptr, t.carry_ids,
             t.n_prefixes, [[0.0], [0.0]], [0.0, 0.0], 1.0, 0.0, np.empty(t.n),
         )  # fmt: skip
 
 
 def test_the_windows_columns_give_the_table_of_their_rows(model):
-    from vertumnus.core.control import ControlWindows
-
     w = ControlWindows(planner.PlannerSettings(window_s=30.0, hop_s=10.0))
     import random
 
@@ -363,6 +372,53 @@ def test_the_windows_columns_give_the_table_of_their_rows(model):
         assert whatif.estimate(columnar, c, PlacementParams()) == whatif.estimate(
             fresh, c, PlacementParams()
         )
+
+
+def test_the_table_cut_at_a_change_is_the_table_of_the_requests_since_it(model):
+    # Three hops whose arrivals overlap (a request can be placed a little after a
+    # later one arrived), prefixes reused within and across hops: the window's
+    # table cut after its first hop replays exactly as a table of the last two
+    # hops' requests alone, and the same for a table whose rows need no sort.
+    import random
+
+    rng = random.Random(11)
+    w = ControlWindows(planner.PlannerSettings(window_s=30.0, hop_s=10.0))
+    rows = []
+    for hop in range(3):
+        for i in range(40):
+            n_blocks = rng.randrange(1, 10)
+            shared = rng.randrange(n_blocks)
+            doc = rng.randrange(6)
+            keys = tuple(1000 * doc + j for j in range(shared)) + tuple(
+                10**6 + 100 * (40 * hop + i) + j for j in range(n_blocks - shared)
+            )
+            at = 6.0 + 10.0 * hop + 0.25 * i - rng.uniform(0.0, 6.0)
+            req = Request(40 * hop + i, at, n_blocks * BS, keys)
+            w.placed(req, 1.0, shared * BS)
+            rows.append((at, req.length, shared * BS, keys))
+        if hop < 2:
+            w.close_hop()
+    assert sorted(rows[40:]) != sorted(rows)[40:]  # the hops overlap in arrival time
+    whole = whatif.RequestTable.of_columns(w.columns(), model, (4, 8))
+    for tab, since in (
+        (whole, rows[40:]),
+        (whatif.RequestTable(sorted(rows), BS, model, (4, 8)), sorted(rows)[40:]),
+    ):
+        cut = tab.since(40)
+        fresh = whatif.RequestTable(since, BS, model, (4, 8))
+        assert cut.n == fresh.n == 80
+        assert cut.arrivals.tolist() == fresh.arrivals.tolist()
+        assert any(r >= 0 for r in cut.reused.tolist())
+        for comp, starts in (
+            ("3xCP4", None),
+            ("1xCP4+1xCP8", {4: [0.7]}),
+            ("2xCP8", {8: [0.2, 1.5]}),
+        ):
+            c = Composition.parse(comp)
+            params = PlacementParams()
+            assert whatif.estimate(cut, c, params, starts) == whatif.estimate(
+                fresh, c, params, starts
+            )
 
 
 def test_a_horizon_weighs_a_lasting_gain_against_a_one_off_transition(model):
@@ -467,6 +523,40 @@ def test_replays_on_threads_give_the_same_check(model):
     assert len(checks[0][0]["candidates"]) >= 3
     with pytest.raises(ValueError, match="whatif_threads"):
         settings(whatif_threads=0)
+
+
+@pytest.mark.parametrize(
+    ("composition", "verdict"),
+    [("6xCP4+2xCP8", "agree"), ("2xCP4+4xCP8", "trigger")],  # the window's, the change's
+)
+def test_after_a_change_replays_on_threads_give_the_same_check(model, composition, verdict):
+    # 15 s at 80 requests/s, then 5 s at three times that: the last look of the
+    # window finds the change and also replays the requests since it, on threads
+    # queued behind those the whole window's replays (dropped if they decide).
+    rows = []
+    for seed, (start, span, rate) in enumerate(((0.0, 15.0, 80.0), (15.0, 5.0, 240.0))):
+        trace = generate(
+            SyntheticConfig(duration_s=span, mean_rate=rate, peak_to_trough=1.0), seed=seed
+        )
+        hist = history_requests(trace.requests, trace.block_size)
+        for r, h in zip(trace.requests, hist, strict=True):
+            rows.append((replace(r, id=len(rows), arrival_s=r.arrival_s + start), h.cached_tokens))
+    layout = planner.layout_for(Composition.parse(composition), 8)
+    kappa = planner.CapacityProfile({4: 0.46, 8: 0.63})
+    checks = []
+    for threads in (1, 2):
+        ps = settings(persist_windows=1, whatif_threads=threads, check_hops=8)
+        ctl = Controller(planner.initial_state(layout), kappa, ps, model)
+        for hop in range(8):
+            for r, cached in rows:
+                if 2.5 * hop <= r.arrival_s < 2.5 * (hop + 1):
+                    ctl.windows.placed(r, 0.01, cached)
+            tick = ctl.tick({s.worker: 0.1 * s.worker for s in layout.slots}, False)
+        assert tick is not None and tick.whatif is not None and tick.whatif.change is not None
+        checks.append((tick.whatif.to_dict(), tick.ops))
+    assert len(rows) >= 2000
+    assert checks[0] == checks[1]
+    assert checks[0][0]["verdict"] == verdict
 
 
 def _quiet_then_burst(ctl: Controller):  # type: ignore[no-untyped-def]

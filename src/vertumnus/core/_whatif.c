@@ -17,8 +17,12 @@
  * Where it differs in *how*, for speed (22 % fewer instructions, counted by
  * callgrind): a degree's workers are an indexed heap whose chosen worker sifts
  * down in place (the Python twin pushes a new entry and drops stale ones
- * lazily: the same top), and a request's holders are marked once per request
- * instead of looked up once per degree.
+ * lazily: the same top); a request's holders are marked once per request
+ * instead of looked up once per degree; a waiting worker has one entry in the
+ * pending heap, moved on to its latest request's start when the first is
+ * passed, instead of one per waiting request (the same count of waiting
+ * workers at every arrival); and a composition of some of the table's degrees
+ * reads their rows in place (``index``) instead of a copy of them.
  *
  * Pure: no I/O, no global state.
  */
@@ -160,17 +164,19 @@ get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const char *name
     return 0;
 }
 
-/* replay(arrivals, hit, miss, reused, carry_ptr, carry_ids, n_prefixes, starts, lam_terms,
- *        beta, extra, out) -> None; out (float64, n, writable) receives the TTFTs (nan: no
- *        worker can hold the request).
- * hit/miss: float64 (rows, n), one row per degree of the composition in ascending order;
- * starts: per row a sequence of the start times of its workers (0.0 for those serving
- * from the beginning), its length the row's worker count. */
+/* replay(arrivals, hit, miss, index, reused, carry_ptr, carry_ids, n_prefixes, starts,
+ *        lam_terms, beta, extra, out) -> None; out (float64, n, writable) receives the
+ *        TTFTs (nan: no worker can hold the request).
+ * hit/miss: float64 (table rows, n), one row per degree of the table; index: per degree
+ * of the composition (ascending) its table row, so that a composition of some of the
+ * table's degrees reads the table in place; starts: per degree of the composition a
+ * sequence of the start times of its workers (0.0 for those serving from the
+ * beginning), its length that degree's worker count. */
 static PyObject *
 replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 12) {
-        PyErr_SetString(PyExc_TypeError, "replay takes 12 arguments");
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "replay takes 13 arguments");
         return NULL;
     }
     Py_buffer arr = {0}, hit = {0}, miss = {0}, reused = {0}, cptr = {0}, cids = {0}, outb = {0};
@@ -181,6 +187,7 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Holders *holders = NULL;
     double *free_t = NULL, *last_start = NULL, *lam = NULL;
     Py_ssize_t *row_of = NULL;
+    const double **hit_row = NULL, **miss_row = NULL; /* per degree of the composition */
     char *waiting = NULL;
     Py_ssize_t rows = 0, n_workers = 0, n_prefixes = 0;
 
@@ -188,45 +195,71 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     if (get_buffer(args[1], &hit, 8, "hit") < 0 || get_buffer(args[2], &miss, 8, "miss") < 0)
         goto done;
-    if (get_buffer(args[3], &reused, 8, "reused") < 0 || get_buffer(args[4], &cptr, 8, "carry_ptr") < 0 ||
-        get_buffer(args[5], &cids, 8, "carry_ids") < 0)
+    if (get_buffer(args[4], &reused, 8, "reused") < 0 || get_buffer(args[5], &cptr, 8, "carry_ptr") < 0 ||
+        get_buffer(args[6], &cids, 8, "carry_ids") < 0)
         goto done;
-    if (PyObject_GetBuffer(args[11], &outb, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0)
+    if (PyObject_GetBuffer(args[12], &outb, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0)
         goto done;
-    n_prefixes = PyLong_AsSsize_t(args[6]);
+    n_prefixes = PyLong_AsSsize_t(args[7]);
     if (n_prefixes < 0 && PyErr_Occurred())
         goto done;
-    PyObject *starts = PySequence_Fast(args[7], "starts must be a sequence");
+    PyObject *starts = PySequence_Fast(args[8], "starts must be a sequence");
     if (starts == NULL)
         goto done;
-    PyObject *lam_seq = PySequence_Fast(args[8], "lam_terms must be a sequence");
+    PyObject *lam_seq = PySequence_Fast(args[9], "lam_terms must be a sequence");
     if (lam_seq == NULL) {
         Py_DECREF(starts);
         goto done;
     }
-    double beta = PyFloat_AsDouble(args[9]);
-    double extra = PyFloat_AsDouble(args[10]);
+    PyObject *index = PySequence_Fast(args[3], "index must be a sequence");
+    if (index == NULL) {
+        Py_DECREF(starts);
+        Py_DECREF(lam_seq);
+        goto done;
+    }
+    double beta = PyFloat_AsDouble(args[10]);
+    double extra = PyFloat_AsDouble(args[11]);
     rows = PySequence_Fast_GET_SIZE(starts);
     Py_ssize_t n = arr.len / 8;
+    Py_ssize_t table_rows = n > 0 ? hit.len / (n * 8) : 0;
     const double *a_t = arr.buf, *hit_t = hit.buf, *miss_t = miss.buf;
     const long long *reused_t = reused.buf, *cptr_t = cptr.buf, *cids_t = cids.buf;
     if (PyErr_Occurred() || rows < 1 || PySequence_Fast_GET_SIZE(lam_seq) != rows ||
-        hit.len != rows * n * 8 || miss.len != rows * n * 8 || reused.len != n * 8 ||
-        cptr.len != (n + 1) * 8 || outb.len != n * 8 || outb.itemsize != 8) {
+        PySequence_Fast_GET_SIZE(index) != rows || hit.len != table_rows * n * 8 ||
+        miss.len != hit.len || reused.len != n * 8 || cptr.len != (n + 1) * 8 ||
+        outb.len != n * 8 || outb.itemsize != 8) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError, "replay: inconsistent table shapes");
         Py_DECREF(starts);
         Py_DECREF(lam_seq);
+        Py_DECREF(index);
         goto done;
     }
     heaps = PyMem_Calloc((size_t)rows, sizeof(WHeap));
     lam = PyMem_Calloc((size_t)rows, sizeof(double));
-    if (heaps == NULL || lam == NULL) {
+    hit_row = PyMem_Calloc((size_t)rows, sizeof(double *));
+    miss_row = PyMem_Calloc((size_t)rows, sizeof(double *));
+    if (heaps == NULL || lam == NULL || hit_row == NULL || miss_row == NULL) {
         PyErr_NoMemory();
         Py_DECREF(starts);
         Py_DECREF(lam_seq);
+        Py_DECREF(index);
         goto done;
     }
+    for (Py_ssize_t k = 0; k < rows; k++) {
+        Py_ssize_t r = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(index, k));
+        if (!PyErr_Occurred() && (r < 0 || r >= table_rows))
+            PyErr_SetString(PyExc_ValueError, "replay: an index outside the table's rows");
+        hit_row[k] = hit_t + r * n;
+        miss_row[k] = miss_t + r * n;
+        if (PyErr_Occurred()) {
+            Py_DECREF(starts);
+            Py_DECREF(lam_seq);
+            Py_DECREF(index);
+            goto done;
+        }
+    }
+    Py_DECREF(index);
     for (Py_ssize_t k = 0; k < rows; k++) {
         lam[k] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(lam_seq, k));
         PyObject *row = PySequence_Fast(PySequence_Fast_GET_ITEM(starts, k), "starts rows must be sequences");
@@ -292,14 +325,24 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
         double at = a_t[i];
+        /* A waiting worker has one entry: when its oldest waiting request was to
+         * start. Past it, the worker waits on if a later request of it has not
+         * started yet (its entry moves to that one's start), else it stops. */
         while (pending.n > 0 && pending.a[0].t <= at) {
-            Entry e = pending.a[0];
+            Py_ssize_t pw = pending.a[0].w;
             heap_pop(&pending);
-            if (last_start[e.w] == e.t && waiting[e.w]) {
-                waiting[e.w] = 0;
+            if (last_start[pw] > at) {
+                if (heap_push(&pending, last_start[pw], pw) < 0) {
+                    out_of_memory = 1;
+                    break;
+                }
+            } else {
+                waiting[pw] = 0;
                 n_waiting--;
             }
         }
+        if (out_of_memory)
+            break;
         double b = extra != 0.0 ? beta + extra * (double)n_waiting / (double)n_workers : beta;
         long long pid = reused_t[i];
         Holders *hold = (pid >= 0 && pid < n_prefixes) ? &holders[pid] : NULL;
@@ -311,7 +354,7 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         for (Py_ssize_t k = 0; k < rows; k++) {
             Py_ssize_t top = heaps[k].w[0];
             double f = free_t[top];
-            double e = mark[top] == i + 1 ? hit_t[k * n + i] : miss_t[k * n + i];
+            double e = mark[top] == i + 1 ? hit_row[k][i] : miss_row[k][i];
             double start = f > at ? f : at;
             double cost = (start - at) + (b + lam[k]) * e;
             if (cost < best_cost) {
@@ -326,7 +369,7 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 Py_ssize_t hw = hold->w[j];
                 Py_ssize_t k = row_of[hw];
                 double f = free_t[hw];
-                double e = hit_t[k * n + i];
+                double e = hit_row[k][i];
                 double start = f > at ? f : at;
                 double cost = (start - at) + (b + lam[k]) * e;
                 if (cost < best_cost) {
@@ -345,11 +388,9 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         free_t[best_w] = finish;
         wheap_sift_down(&heaps[row_of[best_w]], pos, free_t, pos[best_w]);
         last_start[best_w] = best_start;
-        if (best_start > at) {
-            if (!waiting[best_w]) {
-                waiting[best_w] = 1;
-                n_waiting++;
-            }
+        if (best_start > at && !waiting[best_w]) {
+            waiting[best_w] = 1;
+            n_waiting++;
             if (heap_push(&pending, best_start, best_w) < 0) {
                 out_of_memory = 1;
                 break;
@@ -394,6 +435,8 @@ done:
     PyMem_Free(mark);
     PyMem_Free(waiting);
     PyMem_Free(lam);
+    PyMem_Free((void *)hit_row);
+    PyMem_Free((void *)miss_row);
     if (arr.obj) PyBuffer_Release(&arr);
     if (hit.obj) PyBuffer_Release(&hit);
     if (miss.obj) PyBuffer_Release(&miss);
@@ -406,8 +449,8 @@ done:
 
 static PyMethodDef methods[] = {
     {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL,
-     "replay(arrivals, hit, miss, reused, carry_ptr, carry_ids, n_prefixes, starts, lam_terms, "
-     "beta, extra, out)\n--\n\nwhatif.replay_py, compiled: the same TTFTs, in C, into out."},
+     "replay(arrivals, hit, miss, index, reused, carry_ptr, carry_ids, n_prefixes, starts, "
+     "lam_terms, beta, extra, out)\n--\n\nwhatif.replay_py, compiled: the same TTFTs, in C, into out."},
     {NULL, NULL, 0, NULL},
 };
 

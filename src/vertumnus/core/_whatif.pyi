@@ -7,6 +7,7 @@ def replay(
     arrivals: npt.NDArray[np.float64],
     hit: npt.NDArray[np.float64],
     miss: npt.NDArray[np.float64],
+    index: Sequence[int],
     reused: npt.NDArray[np.int64],
     carry_ptr: npt.NDArray[np.int64],
     carry_ids: npt.NDArray[np.int64],

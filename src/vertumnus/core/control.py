@@ -38,8 +38,8 @@ import contextlib
 import math
 from array import array
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -143,12 +143,12 @@ class ControlWindows:
         """A request for the what-if check only (its demand counted by :meth:`add`)."""
         self._seen.add(request, cached_tokens, self.block_size)
 
-    def _parts(self, last: int | None = None) -> list[_SeenHop]:
-        """The window's hops, oldest first (``last``: only the newest this many)."""
+    def _parts(self) -> list[_SeenHop]:
+        """The window's hops, oldest first."""
         hops = self.settings.hops_per_window
         parts = list(self._seen_hops)[-(hops - 1) :] if hops > 1 else []
         parts.append(self._seen)
-        return parts if last is None else parts[-last:]
+        return parts
 
     def hop_counts(self) -> list[tuple[int, int]]:
         """Per hop of the window, oldest first: the short and the long requests seen."""
@@ -170,11 +170,10 @@ class ControlWindows:
         """Every request of the window was seen (no hop of it was :meth:`cut`)."""
         return all(p.whole for p in self._parts())
 
-    def columns(self, last: int | None = None) -> whatif.Columns:
+    def columns(self) -> whatif.Columns:
         """The window's requests column by column, for :meth:`RequestTable.of_columns
-        <vertumnus.core.whatif.RequestTable.of_columns>` (``last``: those of its newest
-        this many hops only)."""
-        parts = self._parts(last)
+        <vertumnus.core.whatif.RequestTable.of_columns>`."""
+        parts = self._parts()
         offsets = np.cumsum([0] + [len(p.arrivals) for p in parts[:-1]]).tolist()
 
         def cat(name: str, dtype: type) -> np.ndarray:
@@ -314,7 +313,7 @@ class _Replays:
         change: changepoint.Change | None = None,
         since_s: float | None = None,
     ) -> None:
-        self._table = table
+        self.table = table
         self._params = params
         self.change = change
         """The change of arrivals the table starts at (None: the table is the whole window)."""
@@ -327,27 +326,40 @@ class _Replays:
     def _run(
         self, comp: Composition, starts: Mapping[int, Sequence[float]] | None
     ) -> whatif.Estimate:
-        return whatif.estimate(self._table, comp, self._params, starts)
+        return whatif.estimate(self.table, comp, self._params, starts)
+
+    @property
+    def threaded(self) -> bool:
+        """The replays run on a pool (started ones run while the caller goes on)."""
+        return self._pool is not None
 
     def start(
         self, comp: Composition, starts: Mapping[int, Sequence[float]] | None = None
-    ) -> Callable[[], whatif.Estimate]:
+    ) -> Future[whatif.Estimate]:
         """The estimate of ``comp`` (with a transition's ``starts``), to be waited for."""
         if self._pool is None:
-            done = self._run(comp, starts)
-            return lambda: done
-        return self._pool.submit(self._run, comp, starts).result
+            done: Future[whatif.Estimate] = Future()
+            done.set_result(self._run(comp, starts))
+            return done
+        return self._pool.submit(self._run, comp, starts)
 
     def __enter__(self) -> _Replays:
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            # What was started and not waited for is not needed (the check is over).
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 _Path = tuple[str, list[planner.PathStep], whatif.Estimate]
 """A candidate of the check: its direction, the steps to it and its estimate."""
+
+_Started = list[
+    tuple[list[planner.PathStep], Future[whatif.Estimate], Future[whatif.Estimate] | None]
+]
+"""Probes whose replays are started: the steps, the replay with the transition and
+the steady one (if the estimate weighs one in)."""
 
 
 @dataclass(frozen=True)
@@ -488,7 +500,7 @@ class Controller:
         # The check's first replay (the current composition) starts now, so that on
         # threads it runs while the rules decide.
         replays = self._replays(before, reconfiguring)
-        since = None if replays is None else self._since_change(before)
+        since = None if replays is None else self._since_change(before, replays)
         with contextlib.ExitStack() as stack:
             for r in (replays, since):
                 if r is not None:
@@ -544,8 +556,25 @@ class Controller:
             ks = sorted({k for k in probes if k < n} | {n}) if n else []
         return [path[:k] for k in ks]
 
+    def _start(self, replays: _Replays, probes: list[list[planner.PathStep]]) -> _Started:
+        """Every replay of :meth:`_estimates` for ``probes``, started."""
+        ps = self.settings
+        steadily = ps.whatif_horizon > 1 or replays.since_s is not None
+        started: _Started = []
+        for steps in probes:
+            starts = whatif.transition_starts(
+                [(st.drain_s, st.made) for st in steps], ps.switch_s, ps.max_concurrent_ops
+            )
+            comp = steps[-1].composition
+            steady = replays.start(comp) if steadily else None
+            started.append((steps, replays.start(comp, starts), steady))
+        return started
+
     def _estimates(
-        self, replays: _Replays, probes: list[list[planner.PathStep]]
+        self,
+        replays: _Replays,
+        probes: list[list[planner.PathStep]],
+        started: _Started | None = None,
     ) -> list[tuple[list[planner.PathStep], whatif.Estimate]]:
         """Each probe's estimate: its replay with the transition (its drain and
         switch) and, with a horizon, its replay from the window's start weighed in
@@ -553,23 +582,15 @@ class Controller:
         serves on after it. On the requests since a change, which span less than a
         window, the replay with the transition weighs what they span of the
         horizon's ``whatif_horizon`` windows. Every replay is started before any is
-        waited for."""
+        waited for (``started``: already, by :meth:`_start`)."""
         ps = self.settings
         h = ps.whatif_horizon
         since = replays.since_s
-        started = []
-        for steps in probes:
-            starts = whatif.transition_starts(
-                [(st.drain_s, st.made) for st in steps], ps.switch_s, ps.max_concurrent_ops
-            )
-            comp = steps[-1].composition
-            steady = replays.start(comp) if h > 1 or since is not None else None
-            started.append((steps, replays.start(comp, starts), steady))
         out = []
-        for steps, made, steady in started:
-            e = made()
+        for steps, made, steady in self._start(replays, probes) if started is None else started:
+            e = made.result()
             if steady is not None:
-                s = steady()
+                s = steady.result()
                 if since is None:
                     mean = (e.mean_s + (h - 1) * s.mean_s) / h
                     p90 = (e.p90_s + (h - 1) * s.p90_s) / h
@@ -595,31 +616,30 @@ class Controller:
             or not self.windows.whole
         ):
             return None
-        return self._replays_of(before, self.windows.columns())
-
-    def _replays_of(
-        self,
-        before: planner.ControllerState,
-        columns: whatif.Columns,
-        change: changepoint.Change | None = None,
-    ) -> _Replays | None:
-        """Replays of ``columns`` (None: fewer than ``min_requests`` requests)."""
-        ps = self.settings
-        if len(columns.arrivals) < ps.min_requests or self.model is None:
+        columns = self.windows.columns()
+        if len(columns.arrivals) < ps.min_requests:
             return None
-        layout = before.layout
-        degrees = sorted(set(ps.degrees) | {s.degree for s in layout.slots})
-        table = whatif.RequestTable.of_columns(columns, self.model, degrees)
+        degrees = sorted(set(ps.degrees) | {s.degree for s in before.layout.slots})
+        return self._replaying(whatif.RequestTable.of_columns(columns, self.model, degrees), before)
+
+    def _replaying(
+        self,
+        table: whatif.RequestTable,
+        before: planner.ControllerState,
+        change: changepoint.Change | None = None,
+    ) -> _Replays:
+        """Replays of ``table`` (the requests since ``change``, if given)."""
         # A small window's replays take well under a millisecond each: threads
         # would cost more than they save.
+        ps = self.settings
         threads = ps.whatif_threads if table.n >= 2000 else 1
         since = None if change is None else change.hops * ps.hop
-        return _Replays(table, self.params, threads, layout.composition, change, since)
+        return _Replays(table, self.params, threads, before.layout.composition, change, since)
 
-    def _since_change(self, before: planner.ControllerState) -> _Replays | None:
+    def _since_change(self, before: planner.ControllerState, window: _Replays) -> _Replays | None:
         """Replays of the requests since a change of the window's arrivals
         (``settings.whatif_change``), if there is one with ``min_requests``
-        requests on either side."""
+        requests on either side: the window's table cut at the change."""
         ps = self.settings
         if not ps.whatif_change:
             return None
@@ -627,10 +647,11 @@ class Controller:
         change = changepoint.last_change(counts)
         if change is None or change.statistic < ps.whatif_change:
             return None
-        after = sum(s + lg for s, lg in counts[-change.hops :])
-        if sum(s + lg for s, lg in counts) - after < ps.min_requests:
+        first = sum(s + lg for s, lg in counts[: -change.hops])
+        after = sum(s + lg for s, lg in counts) - first
+        if first < ps.min_requests or after < ps.min_requests:
             return None
-        return self._replays_of(before, self.windows.columns(change.hops), change)
+        return self._replaying(window.table.since(first), before, change)
 
     def _check(
         self,
@@ -651,7 +672,15 @@ class Controller:
         counted on whole disjoint windows only."""
         layout = before.layout
         probes = {d: self._probes(layout, obs.workers, d) for d in ("split", "merge")}
-        recent = None if since is None else self._weigh(since, probes)
+        recent, early = None, None
+        if since is not None:
+            first = {d: self._start(since, found) for d, found in probes.items()}
+            if replays.threaded:
+                # On threads the whole window's replays queue behind those since the
+                # change: they run while those are weighed, and those left queued
+                # are dropped if a decisive gain there decides.
+                early = {d: self._start(replays, found) for d, found in probes.items()}
+            recent = self._weigh(since, probes, first)
         if recent is not None and recent.decisive:
             moved = self._move(
                 before,
@@ -664,7 +693,7 @@ class Controller:
             )
             return recent.report(moved[0]), moved[1]
         goal = self._goal
-        check, out = self._check_window(before, obs, ops, replays, boundary, probes)
+        check, out = self._check_window(before, obs, ops, replays, boundary, probes, early)
         if recent is None:
             return check, out
         if out:
@@ -688,11 +717,18 @@ class Controller:
         return e.mean_s <= current.mean_s * (1.0 - m) and e.p90_s <= current.p90_s * (1.0 + m)
 
     def _weigh(
-        self, replays: _Replays, probes: Mapping[str, list[list[planner.PathStep]]]
+        self,
+        replays: _Replays,
+        probes: Mapping[str, list[list[planner.PathStep]]],
+        started: Mapping[str, _Started] | None = None,
     ) -> _Weighed:
-        """The estimates of ``probes`` on ``replays``, and the best that pays."""
-        paths = {d: self._estimates(replays, found) for d, found in probes.items()}
-        current = replays.current()
+        """The estimates of ``probes`` on ``replays`` (``started``: their replays, by
+        direction, if started already), and the best that pays."""
+        paths = {
+            d: self._estimates(replays, found, None if started is None else started[d])
+            for d, found in probes.items()
+        }
+        current = replays.current.result()
         paying = [
             (d, steps, e)
             for d, found in paths.items()
@@ -714,11 +750,12 @@ class Controller:
         replays: _Replays,
         boundary: bool,
         probes: Mapping[str, list[list[planner.PathStep]]],
+        started: Mapping[str, _Started] | None = None,
     ) -> tuple[WhatIf, tuple[planner.Op, ...]]:
         """The check on the whole window (:meth:`_check`)."""
         ps = self.settings
         layout = before.layout
-        weighed = self._weigh(replays, probes)
+        weighed = self._weigh(replays, probes, started)
         paths, current, candidates = weighed.paths, weighed.current, weighed.candidates
         best, decisive = weighed.best, weighed.decisive is not None
         if ops:

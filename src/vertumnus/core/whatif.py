@@ -139,7 +139,7 @@ class RequestTable:
 
     __slots__ = (
         "arrivals", "carry_ids", "carry_ptr", "degrees", "hit", "miss", "n", "n_prefixes",
-        "reused", "_lists",
+        "reused", "_absolute", "_lists", "_origin",
     )  # fmt: skip
 
     def __init__(
@@ -195,16 +195,19 @@ class RequestTable:
         ids = {k: i for i, k in enumerate(uniq.tolist())}
         carrier, carried = _carriers(ids, columns.key_index)
         rank = np.arange(n)
+        self._origin = rank  # new row -> the shell's position
         if n > 1 and bool(np.any(np.diff(arrivals) < 0)):
-            order = np.argsort(arrivals, kind="stable")
+            order = self._origin = np.argsort(arrivals, kind="stable")
             arrivals, total = arrivals[order], total[order]
             cached, reused = cached[order], reused[order]
+            rank = np.empty(n, dtype=np.int64)
             rank[order] = np.arange(n)  # old row -> new row
         rows_of = rank[np.asarray(carrier, dtype=np.int64)]
         by_row = np.argsort(rows_of, kind="stable")
         self.carry_ids = np.asarray(carried, dtype=np.int64)[by_row]
         self.carry_ptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(rows_of, minlength=n), out=self.carry_ptr[1:])
+        self._absolute = arrivals
         self.arrivals = arrivals - arrivals[0] if n else arrivals
         self.reused = reused
         self.n_prefixes = len(ids)
@@ -225,6 +228,37 @@ class RequestTable:
                 e[total > model.max_tokens(d)] = math.inf
                 out[row] = e
         self._lists: tuple[list[float], list[int], list[list[int]]] | None = None
+
+    def since(self, first: int) -> RequestTable:
+        """The table of the requests the shell gave from position ``first`` on (the
+        newest hops of its window), cut from this one: the estimates of the table
+        :meth:`of_columns` builds from their columns alone, without building it.
+
+        Why they are the same: rows keep their order (a stable sort by arrival
+        of a subset is the subset of the stable sort), Ê is per row, arrivals
+        are made relative to the subset's first, and the prefix ids of the
+        whole window stay: a row that reuses a prefix finds the holders that
+        rows of the subset made, and ids no row of the subset reuses are never
+        read."""
+        keep = np.flatnonzero(self._origin >= first)
+        cut = RequestTable.__new__(RequestTable)
+        cut.n = m = len(keep)
+        cut.degrees = self.degrees
+        cut._origin = self._origin[keep] - first
+        cut._absolute = self._absolute[keep]
+        cut.arrivals = cut._absolute - cut._absolute[0] if m else cut._absolute
+        cut.reused = self.reused[keep]
+        cut.n_prefixes = self.n_prefixes
+        cut.hit = np.ascontiguousarray(self.hit[:, keep])
+        cut.miss = np.ascontiguousarray(self.miss[:, keep])
+        begin, counts = self.carry_ptr[keep], np.diff(self.carry_ptr)[keep]
+        cut.carry_ptr = np.zeros(m + 1, dtype=np.int64)
+        np.cumsum(counts, out=cut.carry_ptr[1:])
+        # Each kept row's run of carried ids, in order.
+        at = np.repeat(begin - cut.carry_ptr[:-1], counts) + np.arange(cut.carry_ptr[-1])
+        cut.carry_ids = self.carry_ids[at]
+        cut._lists = None
+        return cut
 
     def lists(self) -> tuple[list[float], list[int], list[list[int]]]:
         """Arrivals, reused prefix ids and carried prefix ids as lists (the Python replay)."""
@@ -266,13 +300,10 @@ def estimate(
     extra = params.beta_busy - params.beta
     values = np.empty(table.n)
     if table.n and HOT_PATH == "c":
-        every = index == list(range(len(table.degrees)))  # no copy of the rows needed
         replay(
-            table.arrivals,
-            table.hit if every else np.ascontiguousarray(table.hit[index]),
-            table.miss if every else np.ascontiguousarray(table.miss[index]),
-            table.reused, table.carry_ptr, table.carry_ids, table.n_prefixes, worker_starts,
-            lam_terms, params.beta, extra, values,
+            table.arrivals, table.hit, table.miss, index, table.reused, table.carry_ptr,
+            table.carry_ids, table.n_prefixes, worker_starts, lam_terms, params.beta, extra,
+            values,
         )  # fmt: skip
     elif table.n:
         values[:] = replay_py(table, index, worker_starts, lam_terms, params.beta, extra)
