@@ -250,14 +250,14 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_ssize_t r = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(index, k));
         if (!PyErr_Occurred() && (r < 0 || r >= table_rows))
             PyErr_SetString(PyExc_ValueError, "replay: an index outside the table's rows");
-        hit_row[k] = hit_t + r * n;
-        miss_row[k] = miss_t + r * n;
         if (PyErr_Occurred()) {
             Py_DECREF(starts);
             Py_DECREF(lam_seq);
             Py_DECREF(index);
             goto done;
         }
+        hit_row[k] = hit_t + r * n;
+        miss_row[k] = miss_t + r * n;
     }
     Py_DECREF(index);
     for (Py_ssize_t k = 0; k < rows; k++) {
