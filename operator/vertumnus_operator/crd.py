@@ -120,6 +120,7 @@ class ControllerSpec:
     learn_capacity: bool = False
     whatif: bool = True
     checks_per_window: int = 8
+    whatif_threads: int = 1
 
     @property
     def hop(self) -> int:
@@ -213,6 +214,7 @@ class PoolSpec:
             persist_windows=c.persist_windows,
             learn_capacity=c.learn_capacity,
             whatif=c.whatif,
+            whatif_threads=c.whatif_threads,
             domain_size=self.gpus_per_domain,
             degrees=self.degrees,
         )
@@ -467,6 +469,7 @@ def parse_spec(
         learn_capacity=_bool(c, "learnCapacity", cp, False),
         whatif=_bool(c, "whatif", cp, True),
         checks_per_window=_int(c, "checksPerWindow", cp, 8, 1, 64),
+        whatif_threads=_int(c, "whatifThreads", cp, 1, 1, 16),
     )
     if not controller.lower < controller.upper:
         raise SpecError(f"{cp}.lower", "lower must be < upper")

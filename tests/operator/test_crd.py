@@ -76,6 +76,7 @@ _CAMEL = {
     "learnCapacity": "learn_capacity",
     "whatif": "whatif",
     "checksPerWindow": "checks_per_window",
+    "whatifThreads": "whatif_threads",
     "thetaInter": "theta_inter",
     "thetaIntra": "theta_intra",
     "thetaReclaim": "theta_reclaim",
@@ -153,6 +154,8 @@ def test_every_cel_rule_names_its_field():
         ({"controller": {"lower": 0.95}}, "spec.controller.lower"),
         ({"controller": {"mergeAdmit": 0.95}}, "spec.controller.mergeAdmit"),
         ({"controller": {"windowSeconds": 20, "hopSeconds": 7}}, "spec.controller.hopSeconds"),
+        ({"controller": {"whatifThreads": 0}}, "spec.controller.whatifThreads"),
+        ({"controller": {"whatifThreads": 17}}, "spec.controller.whatifThreads"),
         ({"cacheManager": {"thetaReclaim": 5.0}}, "spec.cacheManager.thetaReclaim"),
         ({"cacheManager": {"decay": 1.0}}, "spec.cacheManager.decay"),
         ({"redis": {"mode": "external"}}, "spec.redis.url"),
@@ -198,6 +201,9 @@ def test_composition_initial_and_settings():
         (4, 8),
         8,
     )
+    threads = crd.parse_spec({**MINIMAL, "controller": {"whatifThreads": 2}}).planner_settings()
+    assert threads.whatif_threads == 2
+    assert crd.parse_spec(MINIMAL).planner_settings().whatif_threads == 1
     params = crd.parse_spec(
         {**MINIMAL, "placement": {"beta": 2, "betaBusy": 4, "lambda": 0.5}}
     ).placement_params()
