@@ -181,6 +181,11 @@ def test_the_service_account_has_only_what_it_needs(k8s, chart):
             "spec.controller.lower",
             "lower must be < upper",
         ),
+        (
+            {"gpus": 16, "controller": {"whatifThreads": 32}},
+            "spec.controller.whatifThreads",
+            "less than or equal to 16",
+        ),
         ({"gpus": 16, "redis": {"mode": "external"}}, "spec.redis.url", "needs url"),
         (
             {"gpus": 16, "placement": {"beta": 2.0, "betaBusy": 1.5}},
@@ -343,7 +348,7 @@ def test_the_what_if_check_looks_between_windows(k8s, operator, namespace, fake_
                 namespace,
                 16,
                 label,
-                controller={"windowSeconds": 2, "checksPerWindow": 4},
+                controller={"windowSeconds": 2, "checksPerWindow": 4, "whatifThreads": 2},
             ),
         )
         wait_for("Ready", 30, _ready(k8s, namespace, "looks", "2xCP8"))
