@@ -158,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         help="with --decision: time the look after a change of arrivals",
     )
     args = ap.parse_args(argv)
+    if args.runs < 1 or args.decision_threads < 1 or args.before_threads < 1:
+        ap.error("--runs, --decision-threads and --before-threads must be >= 1")
+    if args.decision_change and not args.decision:
+        ap.error("--decision-change needs --decision")
     if args.decision:
         return compare_decisions(args)
     if not MOONCAKE.exists():
