@@ -37,6 +37,7 @@ COMPOSERS = (
     "vertumnus.demo",
     "vertumnus.loadgen",
     "vertumnus.admin",
+    "vertumnus.plan",
 )
 """May import any shell: the command line and the local pool put them together."""
 SHARED = ("vertumnus.core", "vertumnus.profiles", "vertumnus._proto", "vertumnus.data", "vertumnus")

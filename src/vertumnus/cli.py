@@ -7,6 +7,8 @@ Subcommands:
 - ``fit`` — fit the prefill-time model E_C(R, P) to a measurement profile.
 - ``trace-stats`` — the statistics of a trace (lengths, rate, prefix reuse).
 - ``profiles`` — list the bundled prefill-time profiles.
+- ``plan`` — rank the compositions of a GPU budget on a trace: where a CPPool
+  should start (:mod:`vertumnus.plan`).
 - ``engine verify`` / ``profile`` — the CP prefill engine (needs the
   ``worker`` extra: torch).
 
@@ -428,11 +430,12 @@ def build_parser() -> argparse.ArgumentParser:
     # The pool's commands. Each module imports its heavy dependencies (torch,
     # grpc, redis) only when its command runs, so --help stays fast and works
     # without the extras; a missing extra is one clear line (see main).
-    from vertumnus import admin, loadgen, local
+    from vertumnus import admin, loadgen, local, plan
     from vertumnus.router import cli as router_cli
     from vertumnus.worker import cli as worker_cli
     from vertumnus.worker import http_surface
 
+    plan.register(sub)
     for module in (worker_cli, http_surface, router_cli, local, loadgen, admin):
         module.register(sub)
     op = sub.add_parser(

@@ -55,6 +55,7 @@ __all__ = [
     "ControlWindows",
     "Tick",
     "WhatIf",
+    "composition_estimates",
     "history_requests",
     "initial_composition",
 ]
@@ -910,17 +911,45 @@ def initial_composition(
     """Where the pool starts, from the first ``history_s`` seconds of ``requests``
     (all if None).
 
-    With ``settings.whatif``: the lattice point with the lowest estimated mean
-    TTFT on the history (:func:`vertumnus.core.whatif.best_of`, reuse as
-    :func:`history_requests` estimates it; on lattices of more than 64 points,
-    among the rules' pick and its neighbours). Otherwise the rules' pick
-    (:func:`vertumnus.core.planner.initial_composition`).
+    With ``settings.whatif``: the candidate of :func:`composition_estimates` with
+    the lowest estimated mean TTFT on the history (the first on ties). Otherwise
+    the rules' pick (:func:`vertumnus.core.planner.initial_composition`).
+    """
+    if not settings.whatif:
+        history = history_requests(requests, block_size, history_s)
+        return planner.initial_composition(
+            history, lattice, capacity, model, settings, params or PlacementParams()
+        )
+    ruled, estimates = composition_estimates(
+        requests, block_size, history_s, lattice, capacity, model, settings, params
+    )
+    if not estimates:
+        return ruled
+    return min(enumerate(estimates), key=lambda ie: (ie[1].mean_s, ie[0]))[1].composition
+
+
+def composition_estimates(
+    requests: Sequence[Request],
+    block_size: int,
+    history_s: float | None,
+    lattice: Sequence[Composition],
+    capacity: planner.CapacityProfile,
+    model: PrefillModel,
+    settings: planner.PlannerSettings,
+    params: PlacementParams | None = None,
+) -> tuple[Composition, list[whatif.Estimate]]:
+    """The rules' pick for the first ``history_s`` seconds of ``requests`` (all if
+    None), and the what-if estimate of each candidate on them (empty without a
+    history), in the candidates' order.
+
+    The candidates are the lattice; on lattices of more than 64 points, the rules'
+    pick and its neighbours. Reuse is as :func:`history_requests` estimates it.
     """
     params = params or PlacementParams()
     history = history_requests(requests, block_size, history_s)
     ruled = planner.initial_composition(history, lattice, capacity, model, settings, params)
-    if not settings.whatif or not history:
-        return ruled
+    if not history:
+        return ruled, []
     candidates = list(lattice)
     if len(candidates) > 64:
         candidates = [ruled, *planner.neighbours(ruled, settings.degrees, settings.domain_size)]
@@ -930,7 +959,7 @@ def initial_composition(
         for h, r in zip(history, requests, strict=False)
     ]
     table = whatif.RequestTable(rows, block_size, model, degrees)
-    return whatif.best_of(table, candidates, params)[0]
+    return ruled, whatif.best_of(table, candidates, params)[1]
 
 
 def history_requests(
