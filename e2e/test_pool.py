@@ -7,6 +7,7 @@ Run with ``python -m pytest e2e/test_pool.py`` (no Kubernetes needed).
 from __future__ import annotations
 
 import asyncio
+import time
 
 import e2e_pool_support as ps
 import grpc
@@ -52,12 +53,30 @@ async def _send(stub, rid: str, tokens, timeout: float = 120.0):  # type: ignore
 
 
 async def _queued_burst(router, stub, prefix: str, items) -> list[asyncio.Task]:  # type: ignore[no-untyped-def]
-    """Send every prompt at once; return once the router holds them all (admitted and
-    placed), as the tasks that wait for their answers."""
+    """Send every prompt at once; return once the router has admitted them all (placed,
+    or already answered: the first can finish before the last arrives), as the tasks
+    that wait for their answers."""
     sent = [asyncio.create_task(_send(stub, f"{prefix}{i}", t)) for i, t in enumerate(items)]
-    while router.in_flight() < len(items):
-        await asyncio.sleep(0.001)
+    deadline = time.monotonic() + 60.0
+    while router.in_flight() + _answered(router) < len(items):
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"the router admitted {router.in_flight() + _answered(router):.0f} "
+                f"of {len(items)} requests in 60 s"
+            )
+        await asyncio.sleep(0.002)
     return sent
+
+
+def _answered(router) -> float:  # type: ignore[no-untyped-def]
+    """Requests the router has answered, whatever the outcome."""
+    return sum(
+        s.value
+        for m in router.metrics.registry.collect()
+        if m.name == "vertumnus_router_requests"
+        for s in m.samples
+        if s.name == "vertumnus_router_requests_total"
+    )
 
 
 def _moved(router) -> float | None:  # type: ignore[no-untyped-def]
