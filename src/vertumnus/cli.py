@@ -24,6 +24,10 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vertumnus.sim.traces import Trace
 
 DEFAULT_COMPARE = (
     "vertumnus:4xCP4+3xCP8,round-robin:4xCP4+3xCP8,least-work:4xCP4+3xCP8,"
@@ -76,6 +80,24 @@ _positive_float = _number(float, 0, strict=True)
 _nonneg_float = _number(float, 0, strict=False)
 _positive_int = _number(int, 1, strict=False)
 _nonneg_int = _number(int, 0, strict=False)
+
+
+def load_user_trace(
+    spec: str, seed: int, prefixes: str | None, block_size: int | None = None
+) -> Trace:
+    """The trace a command's ``--trace`` names, with the shared system prompts of
+    ``--prefixes`` given to it if set (a bad option is a :class:`UsageError`)."""
+    from vertumnus.sim.traces import load_trace
+
+    trace = load_trace(spec, seed=seed, block_size=block_size)
+    if prefixes is not None:
+        from vertumnus.sim.prefixes import parse_prefix_options, with_prefixes
+
+        try:
+            trace = with_prefixes(trace, parse_prefix_options(prefixes), seed=seed)
+        except ValueError as e:
+            raise UsageError(f"--{e}") from None
+    return trace
 
 
 # -- simulate -----------------------------------------------------------------
@@ -223,7 +245,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         parse_policy_specs,
         run_policy,
     )
-    from vertumnus.sim.traces import Trace, load_trace, scale_lengths, scale_rate
+    from vertumnus.sim.traces import Trace, scale_lengths, scale_rate
 
     model = load_model(args.profile or DEFAULT_PROFILE)
     specs = parse_policy_specs(args.compare, args.gpus)
@@ -242,14 +264,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         lam=placement.lam if args.lam is None else args.lam,
         beta_busy=placement.beta_busy if args.beta_busy is None else args.beta_busy,
     )
-    trace = load_trace(args.trace, seed=args.seed, block_size=args.block_size)
-    if args.prefixes is not None:
-        from vertumnus.sim.prefixes import parse_prefix_options, with_prefixes
-
-        try:
-            trace = with_prefixes(trace, parse_prefix_options(args.prefixes), seed=args.seed)
-        except ValueError as e:
-            raise UsageError(f"--{e}") from None
+    trace = load_user_trace(args.trace, args.seed, args.prefixes, args.block_size)
     if args.requests is not None:
         trace = Trace(trace.name, trace.requests[: args.requests], trace.block_size)
     trace = scale_lengths(trace, args.length_scale, args.max_tokens)

@@ -102,12 +102,12 @@ def _vs(estimates: Sequence[Estimate], default: Composition, best: Estimate) -> 
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from vertumnus.cli import UsageError
+    from vertumnus.cli import UsageError, load_user_trace
     from vertumnus.core import planner
     from vertumnus.core.control import composition_estimates, history_requests
     from vertumnus.core.placement import PlacementParams
     from vertumnus.profiles import DEFAULT_PROFILE, load_capacity, load_model
-    from vertumnus.sim.traces import load_trace, scale_rate
+    from vertumnus.sim.traces import scale_rate
 
     degrees = _degrees(args.degrees)
     if args.gpus_per_domain < 1 or args.gpus < 1 or args.gpus % args.gpus_per_domain:
@@ -134,15 +134,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         lattice = planner.enumerate_lattice(args.gpus, degrees, args.gpus_per_domain)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    trace = load_trace(args.trace, seed=args.seed)
-    if args.prefixes is not None:
-        from vertumnus.sim.prefixes import parse_prefix_options, with_prefixes
-
-        try:
-            trace = with_prefixes(trace, parse_prefix_options(args.prefixes), seed=args.seed)
-        except ValueError as e:
-            raise UsageError(f"--{e}") from None
-    trace = scale_rate(trace, args.rate_scale)
+    trace = scale_rate(load_user_trace(args.trace, args.seed, args.prefixes), args.rate_scale)
     history = history_requests(trace.requests, trace.block_size, args.history_s)
     if not history:
         raise UsageError(f"trace {trace.name}: no requests to plan on")
