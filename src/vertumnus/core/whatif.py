@@ -109,18 +109,21 @@ def reused_key(keys: Sequence[int], cached_tokens: int, block_size: int) -> int 
 
 def _carriers(
     ids: Mapping[int, int], key_index: Sequence[tuple[int, Mapping[int, Sequence[int]]]]
-) -> tuple[list[int], list[int]]:
+) -> tuple[np.ndarray, np.ndarray]:
     """(rows, prefix ids) of the requests carrying each reused key, from the shell's key
     index: only the reused keys are looked up, not every block of the window."""
-    carrier: list[int] = []
+    rows: list[np.ndarray] = []
     carried: list[int] = []
-    for key, pid in ids.items():
-        for offset, part in key_index:
-            found = part.get(key)
-            if found:
-                carrier.extend(found if not offset else [offset + j for j in found])
-                carried.extend([pid] * len(found))
-    return carrier, carried
+    for offset, part in key_index:
+        found: list[int] = []
+        # Only the keys both hold: a set intersection in C, not a lookup per key.
+        for key in ids.keys() & part.keys():
+            at = part[key]
+            found.extend(at)
+            carried.extend([ids[key]] * len(at))
+        rows.append(np.asarray(found, dtype=np.int64) + offset)
+    carrier = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+    return carrier, np.asarray(carried, dtype=np.int64)
 
 
 class RequestTable:
@@ -202,9 +205,9 @@ class RequestTable:
             cached, reused = cached[order], reused[order]
             rank = np.empty(n, dtype=np.int64)
             rank[order] = np.arange(n)  # old row -> new row
-        rows_of = rank[np.asarray(carrier, dtype=np.int64)]
-        by_row = np.argsort(rows_of, kind="stable")
-        self.carry_ids = np.asarray(carried, dtype=np.int64)[by_row]
+        rows_of = rank[carrier]
+        # By row, and within a row by prefix id (the order the replay reads them in).
+        self.carry_ids = carried[np.lexsort((carried, rows_of))]
         self.carry_ptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(rows_of, minlength=n), out=self.carry_ptr[1:])
         self._absolute = arrivals
@@ -329,8 +332,10 @@ def p90(values: np.ndarray) -> float:
     if virtual >= n - 1:
         return float(values.max())
     lo = math.floor(virtual)
-    part = np.partition(values, (lo, lo + 1))
-    a, b = float(part[lo]), float(part[lo + 1])
+    # One kth, then the least above it: the (lo + 1)-th order statistic, and about
+    # five times faster than numpy's partition around two kths.
+    part = np.partition(values, lo)
+    a, b = float(part[lo]), float(part[lo + 1 :].min())
     t = virtual - lo
     diff = b - a
     # numpy's _lerp: from the nearer end, so that t = 1 gives b exactly.
