@@ -186,6 +186,11 @@ def test_the_service_account_has_only_what_it_needs(k8s, chart):
             "spec.controller.whatifThreads",
             "less than or equal to 16",
         ),
+        (
+            {"gpus": 16, "controller": {"dampFlaps": -1}},
+            "spec.controller.dampFlaps",
+            "greater than or equal to 0",
+        ),
         ({"gpus": 16, "redis": {"mode": "external"}}, "spec.redis.url", "needs url"),
         (
             {"gpus": 16, "placement": {"beta": 2.0, "betaBusy": 1.5}},

@@ -121,6 +121,7 @@ class ControllerSpec:
     whatif: bool = True
     checks_per_window: int = 8
     whatif_threads: int = 1
+    damp_flaps: int = 2
 
     @property
     def hop(self) -> int:
@@ -215,6 +216,7 @@ class PoolSpec:
             learn_capacity=c.learn_capacity,
             whatif=c.whatif,
             whatif_threads=c.whatif_threads,
+            damp_flaps=c.damp_flaps,
             domain_size=self.gpus_per_domain,
             degrees=self.degrees,
         )
@@ -470,6 +472,7 @@ def parse_spec(
         whatif=_bool(c, "whatif", cp, True),
         checks_per_window=_int(c, "checksPerWindow", cp, 8, 1, 64),
         whatif_threads=_int(c, "whatifThreads", cp, 1, 1, 16),
+        damp_flaps=_int(c, "dampFlaps", cp, 2, 0, 100),
     )
     if not controller.lower < controller.upper:
         raise SpecError(f"{cp}.lower", "lower must be < upper")

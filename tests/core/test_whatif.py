@@ -633,3 +633,67 @@ def test_a_move_of_the_whole_window_is_vetoed_when_it_does_not_pay_since_the_cha
     assert since.whatif.proposed.composition == Composition.parse("1xCP8")
     assert since.whatif.proposed.mean_s > since.whatif.current.mean_s
     assert since.target is None and ctl.state.pending == () and ctl._goal is None
+
+
+def _flapping(model, ps: planner.PlannerSettings, windows: str):  # type: ignore[no-untyped-def]
+    """One CP8 domain fed, window by window, bursts of short requests ("s": two CP4s
+    pay decisively) or sparse long ones ("l": one CP8 does); every move committed at
+    once. The ticks, in order."""
+    huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
+    ctl = Controller(planner.initial_state(planner.layout_for(Composition.parse("CP8"), 8)),
+                     huge, ps, model)  # fmt: skip
+    rid, next_id, ticks = 0, 100, []
+    for k, kind in enumerate(windows):
+        batch = (
+            [(0.0, 100)] + [(2.0, 6000)] * 6
+            if kind == "s"
+            else [(t, 60000) for t in (0.0, 5.0, 10.0, 15.0)]
+        )
+        for t, n in batch:
+            ctl.windows.placed(Request(rid, 20.0 * k + t, n, (10**6 + rid,)), 1.0, 0)
+            rid += 1
+        workers = {s.worker: 0.0 for s in ctl.state.layout.slots}
+        tick = ctl.tick(workers, reconfiguring=False)
+        assert tick is not None
+        ticks.append(tick)
+        for op in tick.ops:
+            if isinstance(op, planner.Split):
+                new, removed = [next_id, next_id + 1], [op.worker]
+            else:
+                new, removed = [next_id], list(op.workers)
+            next_id += len(new)
+            workers = {w: 0.0 for w in workers if w not in removed} | {w: 0.0 for w in new}
+            assert ctl.committed(op, new, removed, workers) == ()
+    return ticks, ctl
+
+
+def test_merges_are_damped_once_the_pool_flaps(model):
+    ps = settings(min_requests=4, damp_flaps=2, flap_s=120.0, damp_s=1200.0)
+    ticks, ctl = _flapping(model, ps, "slsll")
+    moves = [(t.whatif.verdict, t.target) for t in ticks]
+    # Split, merge back (a flap), split again (a second flap): the next merge that
+    # pays, and would be a third flap, is not made; the pool stays on 2xCP4.
+    assert moves[:3] == [("trigger", "2xCP4"), ("trigger", "1xCP8"), ("trigger", "2xCP4")]
+    assert moves[3] == ("damped", None) and ticks[3].ops == ()
+    assert ticks[3].whatif.to_dict()["verdict"] == "damped"
+    assert ticks[4].whatif.verdict == "damped"
+    assert sorted(s.degree for s in ctl.state.layout.slots) == [4, 4]
+    assert ctl.state.pending == () and ctl._goal is None
+    # Off, the pool follows every window.
+    free, _ = _flapping(model, replace(ps, damp_flaps=0), "slsll")
+    assert [t.target for t in free][:4] == ["2xCP4", "1xCP8", "2xCP4", "1xCP8"]
+
+
+def test_splits_are_never_damped_and_flaps_age_out(model):
+    ps = settings(min_requests=4, damp_flaps=1, flap_s=120.0, damp_s=100.0)
+    ticks, _ = _flapping(model, ps, "slsl" + "s" * 5 + "l")
+    verdicts = [t.whatif.verdict for t in ticks]
+    # The merge back is a flap; the split after it is made all the same, the merge
+    # after that is damped.
+    assert verdicts[:4] == ["trigger", "trigger", "trigger", "damped"]
+    # Five windows (100 s) later the flaps are older than damp_s: a merge goes again.
+    assert verdicts[-1] == "trigger" and ticks[-1].target == "1xCP8"
+    with pytest.raises(ValueError, match="damp_flaps"):
+        settings(damp_flaps=-1)
+    with pytest.raises(ValueError, match="flap_s"):
+        settings(flap_s=0.0)

@@ -77,6 +77,7 @@ _CAMEL = {
     "whatif": "whatif",
     "checksPerWindow": "checks_per_window",
     "whatifThreads": "whatif_threads",
+    "dampFlaps": "damp_flaps",
     "thetaInter": "theta_inter",
     "thetaIntra": "theta_intra",
     "thetaReclaim": "theta_reclaim",
@@ -156,6 +157,7 @@ def test_every_cel_rule_names_its_field():
         ({"controller": {"windowSeconds": 20, "hopSeconds": 7}}, "spec.controller.hopSeconds"),
         ({"controller": {"whatifThreads": 0}}, "spec.controller.whatifThreads"),
         ({"controller": {"whatifThreads": 17}}, "spec.controller.whatifThreads"),
+        ({"controller": {"dampFlaps": -1}}, "spec.controller.dampFlaps"),
         ({"cacheManager": {"thetaReclaim": 5.0}}, "spec.cacheManager.thetaReclaim"),
         ({"cacheManager": {"decay": 1.0}}, "spec.cacheManager.decay"),
         ({"redis": {"mode": "external"}}, "spec.redis.url"),
@@ -204,6 +206,10 @@ def test_composition_initial_and_settings():
     threads = crd.parse_spec({**MINIMAL, "controller": {"whatifThreads": 2}}).planner_settings()
     assert threads.whatif_threads == 2
     assert crd.parse_spec(MINIMAL).planner_settings().whatif_threads == 1
+    # Flap damping: on by default (2 flaps), 0 turns it off.
+    assert crd.parse_spec(MINIMAL).planner_settings().damp_flaps == 2
+    off = crd.parse_spec({**MINIMAL, "controller": {"dampFlaps": 0}}).planner_settings()
+    assert off.damp_flaps == 0
     params = crd.parse_spec(
         {**MINIMAL, "placement": {"beta": 2, "betaBusy": 4, "lambda": 0.5}}
     ).placement_params()

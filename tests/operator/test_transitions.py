@@ -223,7 +223,7 @@ def test_the_runner_records_the_what_if_check_of_the_listed_placements(router):
     asyncio.run(go())
     check = store.last.last_check
     assert check is not None and check["hop"] == 2
-    assert check["verdict"] in ("agree", "extend", "veto", "trigger", "wait", "stay")
+    assert check["verdict"] in ("agree", "extend", "veto", "trigger", "wait", "stay", "damped")
     assert check["current"]["composition"] == "4xCP4" and check["current"]["mean_s"] > 0
     assert check["candidates"], "the neighbours along the split and merge paths"
 

@@ -16,6 +16,9 @@ shell, and runs the planner's steps:
 - **change points** (``settings.whatif_change``): where the window's
   arrivals changed, if they did (:mod:`vertumnus.core.changepoint`), so that
   the what-if check judges on the requests since the change;
+- **flaps** (``settings.damp_flaps``): the moves the check let start, and
+  which of them reversed the one before within ``flap_s``; while the pool
+  flaps, merges wait for a decisive gain since a change of arrivals;
 - **history**: the planner's view of a past workload
   (:func:`history_requests`), for the initial composition;
 - **capacity samples** (``settings.learn_capacity``): each degree's window of
@@ -267,7 +270,9 @@ class WhatIf:
     the same way pays more: the check's target replaces the rules'), ``veto``
     (it does not pay; not made), ``trigger`` (the check moves on its own: a
     candidate paid for ``persist_windows`` windows, or by ``whatif_decisive``
-    in one), ``wait`` (a candidate pays, not yet long enough) or ``stay``."""
+    in one), ``wait`` (a candidate pays, not yet long enough), ``stay``, or
+    ``damped`` (a merge the rules or the check chose, not made while the pool
+    flaps: ``PlannerSettings.damp_flaps``)."""
     change: changepoint.Change | None = None
     """The change of arrivals found within the window (None: none, or
     ``PlannerSettings.whatif_change`` is 0)."""
@@ -415,6 +420,10 @@ class Controller:
         """Windows evaluated so far (one per hop once the first window is full)."""
         self._goal: tuple[str, Composition] | None = None
         """Direction and target of a move the what-if check started."""
+        self._flaps: deque[int] = deque()
+        """Evaluations at which a move reversed the previous one within ``flap_s``."""
+        self._last_move: tuple[str, int] | None = None
+        """Direction and evaluation of the last move the check let start."""
         self.slo = slo or SloRule()
         self.learner = kappa.CapacityLearner(capacity) if settings.learn_capacity else None
         """The online correction of κ (None: the shipped κ as it is). Its samples come
@@ -518,7 +527,9 @@ class Controller:
                 ops = ()
             check = None
             if replays is not None:
+                goal = self._goal
                 check, ops = self._check(before, obs, ops, replays, boundary, since)
+                check, ops = self._damp(before, goal, check, ops)
         k_cap = self.capacity.capacity_per_s(s.degree for s in self.state.layout.slots)
         tick = Tick(
             obs,
@@ -711,6 +722,42 @@ class Controller:
                 veto = WhatIf(recent.current, recent.candidates, found[0], "veto")
                 return recent.report(veto), ()
         return replace(check, change=recent.replays.change), out
+
+    def _damp(
+        self,
+        before: planner.ControllerState,
+        goal: tuple[str, Composition] | None,
+        check: WhatIf,
+        ops: tuple[planner.Op, ...],
+    ) -> tuple[WhatIf, tuple[planner.Op, ...]]:
+        """Flap damping (``PlannerSettings.damp_flaps``): a merge starts only on a
+        decisive gain since a change of arrivals while the pool has flapped
+        ``damp_flaps`` times in the last ``damp_s`` (the verdict is then
+        ``damped``); every move that starts is recorded, a reversal within
+        ``flap_s`` as a flap. Counted in evaluations (``hop`` seconds each): no
+        clock."""
+        ps = self.settings
+        if not ops:
+            return check, ops
+        now = self._evaluations
+        direction = "split" if isinstance(ops[0], planner.Split) else "merge"
+        while self._flaps and now - self._flaps[0] > ps.damp_s / ps.hop:
+            self._flaps.popleft()
+        # A move with since_s decided on the requests since a change of arrivals.
+        if (
+            ps.damp_flaps
+            and direction == "merge"
+            and len(self._flaps) >= ps.damp_flaps
+            and check.since_s is None
+        ):
+            self._goal = goal
+            self.state = _nothing_started(before)
+            return replace(check, verdict="damped"), ()
+        last = self._last_move
+        if last is not None and last[0] != direction and now - last[1] <= ps.flap_s / ps.hop:
+            self._flaps.append(now)
+        self._last_move = (direction, now)
+        return check, ops
 
     def _pays(self, e: whatif.Estimate, current: whatif.Estimate) -> bool:
         """``e`` improves on ``current`` by the margin, its P90 no worse by more than it."""

@@ -256,6 +256,19 @@ class PlannerSettings:
     look moves only on a decisive gain (``whatif_decisive``) and never counts
     toward persistence. 0: always the whole window
     (docs/benchmarks/adaptive.md, "Judging on the requests since a change")."""
+    damp_flaps: int = 2
+    """Flap damping, as an autoscaler's scale-down stabilization: once the
+    controller has reversed a move within ``flap_s`` this many times in the last
+    ``damp_s``, the what-if check makes no merge but one that pays decisively on
+    the requests since a change of arrivals. A workload whose light stretches
+    last less than the check's horizon (a rate that cycles) otherwise merges on
+    each and splits back under the returning load, drained, at its tail
+    latency's cost. Splits are never damped. 0: off (docs/benchmarks/adaptive.md,
+    "Flap damping")."""
+    flap_s: float = 120.0
+    """A move opposite to the previous one within this many seconds is a flap."""
+    damp_s: float = 1200.0
+    """The flaps of the last this many seconds count toward ``damp_flaps``."""
     switch_s: float = 0.5
     """Seconds a split or merge keeps its GPUs out of service after the drain
     (the executor's switch), charged by the what-if check."""
@@ -328,6 +341,10 @@ class PlannerSettings:
             )
         if self.switch_s < 0:
             raise ValueError(f"switch_s must be >= 0, got {self.switch_s}")
+        if self.damp_flaps < 0:
+            raise ValueError(f"damp_flaps must be >= 0 (0: off), got {self.damp_flaps}")
+        if not (self.flap_s > 0 and self.damp_s > 0):
+            raise ValueError(f"flap_s and damp_s must be > 0, got {self.flap_s}, {self.damp_s}")
         if not self.whatif_change >= 0:
             raise ValueError(f"whatif_change must be >= 0 (0: off), got {self.whatif_change}")
         object.__setattr__(self, "degrees", tuple(sorted(set(self.degrees))))
