@@ -697,3 +697,25 @@ def test_splits_are_never_damped_and_flaps_age_out(model):
         settings(damp_flaps=-1)
     with pytest.raises(ValueError, match="flap_s"):
         settings(flap_s=0.0)
+
+
+def test_small_gains_that_add_up_move_the_pool(model):
+    # Each "s" window gains 0.399 of the mean by splitting the CP8: below every
+    # margin here, so only the added-up gains can move. They must average
+    # margin·√(persist/k) over k ≥ 2·persist windows in a row.
+    def moves(margin, persist, windows, accumulate=True):  # type: ignore[no-untyped-def]
+        ps = settings(min_requests=4, whatif_margin=margin, whatif_decisive=0.95,
+                      damp_flaps=0, persist_windows=persist, whatif_accumulate=accumulate)  # fmt: skip
+        ticks, _ = _flapping(model, ps, windows)
+        return [(t.whatif.verdict, t.target) for t in ticks]
+
+    # margin 0.5, persist 2: k = 4 windows, 0.354 needed.
+    assert moves(0.5, 2, "ssssss")[3] == ("trigger", "2xCP4")
+    assert [v for v, _ in moves(0.5, 2, "ssssss")[:3]] == ["stay"] * 3
+    # margin 0.7, persist 1: 0.404 at k = 3 is not met, 0.35 at k = 4 is.
+    assert [v for v, _ in moves(0.7, 1, "ssss")] == ["stay", "stay", "stay", "trigger"]
+    # A window that gains nothing that way ("l": long requests a CP8 serves best)
+    # starts the count again.
+    assert [v for v, _ in moves(0.7, 1, "sslssss")] == ["stay"] * 6 + ["trigger"]
+    # Off: only the margin's persistence moves, and nothing pays the margin.
+    assert all(v == "stay" for v, _ in moves(0.5, 1, "ssssss", accumulate=False))

@@ -270,7 +270,8 @@ class WhatIf:
     the same way pays more: the check's target replaces the rules'), ``veto``
     (it does not pay; not made), ``trigger`` (the check moves on its own: a
     candidate paid for ``persist_windows`` windows, or by ``whatif_decisive``
-    in one), ``wait`` (a candidate pays, not yet long enough), ``stay``, or
+    in one, or small gains one way added up: ``whatif_accumulate``), ``wait``
+    (a candidate pays, not yet long enough), ``stay``, or
     ``damped`` (a merge the rules or the check chose, not made while the pool
     flaps: ``PlannerSettings.damp_flaps``)."""
     change: changepoint.Change | None = None
@@ -359,6 +360,12 @@ class _Replays:
 
 
 _Path = tuple[str, list[planner.PathStep], whatif.Estimate]
+
+_LEAN_MAX = 8
+"""Windows (times ``persist_windows``) a lean of small gains adds up at most:
+at 8, the average gain it needs is at least ``whatif_margin``/√8 ≈ a third of
+the margin, so that a gain far below the noise of one window never moves the
+pool however long it lasts."""
 """A candidate of the check: its direction, the steps to it and its estimate."""
 
 _Started = list[
@@ -416,6 +423,10 @@ class Controller:
         self.params = params or PlacementParams()
         self._streak: tuple[str, int] = ("", 0)
         """Direction of the what-if candidate that paid in the last windows, and for how many."""
+        self._lean: tuple[str, tuple[float, ...]] = ("", ())
+        """Direction the best candidate gained in over the last windows, and each
+        window's gain (``whatif_accumulate``; the last ``_LEAN_MAX`` · ``persist_windows``),
+        margin or not."""
         self._evaluations = 0
         """Windows evaluated so far (one per hop once the first window is full)."""
         self._goal: tuple[str, Composition] | None = None
@@ -838,12 +849,50 @@ class Controller:
             return WhatIf(current, candidates, None, "stay" if best is None else "wait"), ()
         if best is None:
             self._streak = ("", 0)
-            return WhatIf(current, candidates, None, "stay"), ()
-        n = self._streak[1] + 1 if self._streak[0] == best[0] else 1
-        self._streak = (best[0], n)
-        if n < ps.persist_windows and not decisive:
-            return WhatIf(current, candidates, None, "wait"), ()
-        return self._move(before, best, current, candidates, None, "trigger", replays)
+        else:
+            n = self._streak[1] + 1 if self._streak[0] == best[0] else 1
+            self._streak = (best[0], n)
+            if n >= ps.persist_windows or decisive:
+                return self._move(before, best, current, candidates, None, "trigger", replays)
+        leaning = self._leaning(paths, current)
+        if leaning is not None:
+            return self._move(before, leaning, current, candidates, None, "trigger", replays)
+        return WhatIf(current, candidates, None, "stay" if best is None else "wait"), ()
+
+    def _leaning(
+        self,
+        paths: Mapping[str, list[tuple[list[planner.PathStep], whatif.Estimate]]],
+        current: whatif.Estimate,
+    ) -> _Path | None:
+        """Small gains that add up (``PlannerSettings.whatif_accumulate``): this
+        window's best candidate by mean gain (P90 within the margin), appended
+        to the lean if it goes the lean's way; the candidate, once the lean's
+        ``k`` ≥ 2·``persist_windows`` windows gained ``whatif_margin`` ·
+        √(``persist_windows`` / ``k``) on average. The lean keeps the last
+        ``_LEAN_MAX``·``persist_windows`` windows, so the gain needed never falls
+        below a third of the margin."""
+        ps = self.settings
+        if not ps.whatif_accumulate or current.mean_s <= 0:
+            return None
+        top: tuple[float, _Path] | None = None
+        for d, found in paths.items():
+            for steps, e in found:
+                gain = 1.0 - e.mean_s / current.mean_s
+                p90_ok = e.p90_s <= current.p90_s * (1.0 + ps.whatif_margin)
+                if gain > 0 and p90_ok and (top is None or gain > top[0]):
+                    top = (gain, (d, steps, e))
+        if top is None:
+            self._lean = ("", ())
+            return None
+        gain, chosen = top
+        gains = (*self._lean[1], gain) if self._lean[0] == chosen[0] else (gain,)
+        gains = gains[-_LEAN_MAX * ps.persist_windows :]
+        self._lean = (chosen[0], gains)
+        k = len(gains)
+        needed = ps.whatif_margin * math.sqrt(ps.persist_windows / k)
+        if k >= 2 * ps.persist_windows and sum(gains) / k >= needed:
+            return chosen
+        return None
 
     def _move(
         self,
@@ -860,6 +909,7 @@ class Controller:
         ps = self.settings
         direction, steps, best = chosen
         self._streak = ("", 0)
+        self._lean = ("", ())
         start = planner.startable([st.op for st in steps], before.layout, (), self.capacity, ps)
         if not start:
             self.state = _nothing_started(before)
