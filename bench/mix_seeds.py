@@ -1,8 +1,8 @@
 """The per-phase oracle's gain captured on many draws of each time-varying mix (issue 12).
 
 One draw of a mix says little: on the 5-minute-phase calibration mix the
-share of the oracle's gain that ``vertumnus-adaptive`` captures ranged from
-12 % to 78 % over six seeds. This runs, for each mix and seed, every fixed
+share of the oracle's gain that ``vertumnus-adaptive`` captured ranged from
+12 % to 78 % over six seeds (70-95 % since, docs/benchmarks/adaptive.md). This runs, for each mix and seed, every fixed
 composition of the CP4/CP8 lattice (for the best single one and the per-phase
 oracle, as ``bench/time_varying.py`` defines them) and the adaptive pool
 under each ``--planner`` setting, side by side on the same draws, and reports

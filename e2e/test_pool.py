@@ -340,7 +340,10 @@ def test_a_killed_engines_requests_are_placed_again_and_complete(tmp_path) -> No
                     stub = pool_pb2_grpc.PrefillStub(ch)
 
                     async def client(i: int, tokens) -> None:  # type: ignore[no-untyped-def]
-                        await asyncio.sleep(i * 0.01)  # faster than B alone serves: queues form
+                        # All within ~0.25 s, far faster than B alone serves, so a
+                        # queue forms on however quick a machine (at 0.01 s apart a
+                        # quick one kept up, and B was idle when killed).
+                        await asyncio.sleep(i * 0.002)
                         try:
                             answers[f"k{i}"] = await _send(stub, f"k{i}", tokens)
                         except grpc.aio.AioRpcError as e:
@@ -355,6 +358,8 @@ def test_a_killed_engines_requests_are_placed_again_and_complete(tmp_path) -> No
                             if any(w.running is not None and w.queue for w in busy):
                                 break
                             await asyncio.sleep(0.0005)
+                        else:
+                            raise AssertionError("B never held a queue: nothing to kill it under")
                         await router.drain(0, resume=True)
                         b.kill()
 

@@ -719,3 +719,20 @@ def test_small_gains_that_add_up_move_the_pool(model):
     assert [v for v, _ in moves(0.7, 1, "sslssss")] == ["stay"] * 6 + ["trigger"]
     # Off: only the margin's persistence moves, and nothing pays the margin.
     assert all(v == "stay" for v, _ in moves(0.5, 1, "ssssss", accumulate=False))
+
+
+def test_a_short_path_is_probed_at_every_step_up_to_four_probes(model):
+    # 40 GPUs of CP4/CP8: from 8xCP4+1xCP8 the merge path has 4 steps, each
+    # probed (the low phase's 2xCP4+4xCP8 is the third); from 10xCP4 it has 5,
+    # probed at steps 1, 2, 4 and 5.
+    ps = settings()
+    ctl = Controller(planner.initial_state(planner.layout_for(Composition.parse("10xCP4"))),
+                     planner.CapacityProfile({4: 1.0, 8: 1.0}), ps, model)  # fmt: skip
+
+    def probed(comp: str) -> list[str]:
+        layout = planner.layout_for(Composition.parse(comp))
+        return [str(steps[-1].composition) for steps in ctl._probes(layout, (), "merge")]
+
+    assert probed("8xCP4+1xCP8") == ["6xCP4+2xCP8", "4xCP4+3xCP8", "2xCP4+4xCP8", "5xCP8"]
+    assert probed("10xCP4") == ["8xCP4+1xCP8", "6xCP4+2xCP8", "2xCP4+4xCP8", "5xCP8"]
+    assert probed("2xCP4+4xCP8") == ["5xCP8"]

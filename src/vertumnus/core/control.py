@@ -570,12 +570,15 @@ class Controller:
         if target is not None:
             ks = [len(path)] if path and path[-1].composition == target else []
         else:
-            # The neighbours that matter on a small pool (steps 1, 2, 4 and the end
-            # of a path of at most 5); on a longer one (a large pool, where one
-            # operation moves little) steps 1, 4, 16, 64 and the end: a few
-            # replays per direction however long the path.
+            # At most four probes per direction on a small pool: every step of a
+            # path of up to 4, steps 1, 2, 4 and 5 of a path of 5 (from the
+            # lattice's end); on a longer one (a large pool, where one operation
+            # moves little) steps 1, 4, 16, 64 and the end: a few replays per
+            # direction however long the path. Each probe more is one more
+            # chance for a noisy estimate to pay (docs/benchmarks/adaptive.md,
+            # "Every step of a short path").
             n = len(path)
-            probes = (1, 2, 4) if n <= 5 else (1, 4, 16, 64)
+            probes = (1, 2, 3) if n <= 4 else (1, 2, 4) if n <= 5 else (1, 4, 16, 64)
             ks = sorted({k for k in probes if k < n} | {n}) if n else []
         return [path[:k] for k in ks]
 
