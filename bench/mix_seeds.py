@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help='planner settings of one adaptive run ("" = defaults), repeatable; '
         'default: "" and "whatif_accumulate=false"',
     )
-    ap.add_argument("--procs", type=int, default=2, help="worker processes")
+    ap.add_argument("--jobs", type=int, default=2, help="simulations in parallel (default 2)")
     ap.add_argument("--out", type=Path, default=OUT / "adaptive_mix_seeds.json")
     args = ap.parse_args(argv)
     try:
@@ -99,6 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [m for m in mixes if m not in MIXES]
     if unknown:
         ap.error(f"unknown mix {unknown[0]!r}; choose from {', '.join(MIXES)}")
+    if args.jobs < 1:
+        ap.error(f"--jobs must be >= 1, got {args.jobs}")
     specs = args.planner if args.planner is not None else ["", "whatif_accumulate=false"]
     for spec in specs:
         try:
@@ -109,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     fixed: dict[tuple[str, int], dict[str, Any]] = {}
     adaptive: dict[tuple[str, int, str], tuple[float, int]] = {}
-    with ProcessPoolExecutor(args.procs) as ex:
+    with ProcessPoolExecutor(args.jobs) as ex:
         jobs = [(m, s, c) for m in mixes for s in seeds for c in comps]
         for mix, seed, comp, mean, phases in ex.map(_fixed, jobs):
             fixed.setdefault((mix, seed), {})[comp] = (mean, phases)

@@ -360,19 +360,25 @@ class _Replays:
 
 
 _Path = tuple[str, list[planner.PathStep], whatif.Estimate]
+"""A candidate of the check: its direction, the steps to it and its estimate."""
 
 _LEAN_MAX = 8
 """Windows (times ``persist_windows``) a lean of small gains adds up at most:
 at 8, the average gain it needs is at least ``whatif_margin``/√8 ≈ a third of
 the margin, so that a gain far below the noise of one window never moves the
 pool however long it lasts."""
-"""A candidate of the check: its direction, the steps to it and its estimate."""
+
 
 _Started = list[
     tuple[list[planner.PathStep], Future[whatif.Estimate], Future[whatif.Estimate] | None]
 ]
 """Probes whose replays are started: the steps, the replay with the transition and
 the steady one (if the estimate weighs one in)."""
+
+
+def _direction(ops: Sequence[planner.Op]) -> str:
+    """``split`` or ``merge``: the way the operations of one move go."""
+    return "split" if isinstance(ops[0], planner.Split) else "merge"
 
 
 @dataclass(frozen=True)
@@ -723,7 +729,7 @@ class Controller:
         if recent is None:
             return check, out
         if out:
-            direction = "split" if isinstance(out[0], planner.Split) else "merge"
+            direction = _direction(out)
             target = self.state.target or self._after(layout, out)
             found = [e for _, e in recent.paths[direction] if e.composition == target]
             if not found:
@@ -754,7 +760,7 @@ class Controller:
         if not ops:
             return check, ops
         now = self._evaluations
-        direction = "split" if isinstance(ops[0], planner.Split) else "merge"
+        direction = _direction(ops)
         while self._flaps and now - self._flaps[0] > ps.damp_s / ps.hop:
             self._flaps.popleft()
         # A move with since_s decided on the requests since a change of arrivals.
@@ -821,7 +827,7 @@ class Controller:
         paths, current, candidates = weighed.paths, weighed.current, weighed.candidates
         best, decisive = weighed.best, weighed.decisive is not None
         if ops:
-            direction = "split" if isinstance(ops[0], planner.Split) else "merge"
+            direction = _direction(ops)
             target = self.state.target or self._after(layout, ops)
             found = [e for _, e in paths[direction] if e.composition == target]
             if not found:

@@ -257,9 +257,8 @@ class PlannerSettings:
     its P90 within the margin; ``k`` is at most 8·``persist_windows``, so the
     gain needed never falls below a third of the margin): the margin guards
     one window's estimate against noise, and the noise of an average of ``k``
-    shrinks as 1/√k.
-    Meets the phases whose best composition is 1–3 % better, which the margin
-    alone never does. False: the margin's persistence only
+    shrinks as 1/√k. Meets the phases whose best composition is 1–3 % better,
+    which the margin alone never does. False: the margin's persistence only
     (docs/benchmarks/adaptive.md, "Small gains that add up")."""
     whatif_change: float = 25.0
     """When the window's arrivals changed within it, the what-if check judges on
