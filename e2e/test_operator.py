@@ -191,6 +191,11 @@ def test_the_service_account_has_only_what_it_needs(k8s, chart):
             "spec.controller.dampFlaps",
             "greater than or equal to 0",
         ),
+        (
+            {"gpus": 16, "controller": {"whatifRows": 0}},
+            "spec.controller.whatifRows",
+            "greater than or equal to 1",
+        ),
         ({"gpus": 16, "redis": {"mode": "external"}}, "spec.redis.url", "needs url"),
         (
             {"gpus": 16, "placement": {"beta": 2.0, "betaBusy": 1.5}},

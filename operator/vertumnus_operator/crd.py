@@ -121,6 +121,7 @@ class ControllerSpec:
     whatif: bool = True
     checks_per_window: int = 8
     whatif_threads: int = 1
+    whatif_rows: int = 350_000
     damp_flaps: int = 2
 
     @property
@@ -216,6 +217,7 @@ class PoolSpec:
             learn_capacity=c.learn_capacity,
             whatif=c.whatif,
             whatif_threads=c.whatif_threads,
+            whatif_rows=c.whatif_rows,
             damp_flaps=c.damp_flaps,
             domain_size=self.gpus_per_domain,
             degrees=self.degrees,
@@ -472,6 +474,7 @@ def parse_spec(
         whatif=_bool(c, "whatif", cp, True),
         checks_per_window=_int(c, "checksPerWindow", cp, 8, 1, 64),
         whatif_threads=_int(c, "whatifThreads", cp, 1, 1, 16),
+        whatif_rows=_int(c, "whatifRows", cp, 350_000, 1, 1_000_000_000),
         damp_flaps=_int(c, "dampFlaps", cp, 2, 0, 100),
     )
     if not controller.lower < controller.upper:

@@ -736,3 +736,37 @@ def test_a_short_path_is_probed_at_every_step_up_to_four_probes(model):
     assert probed("8xCP4+1xCP8") == ["6xCP4+2xCP8", "4xCP4+3xCP8", "2xCP4+4xCP8", "5xCP8"]
     assert probed("10xCP4") == ["8xCP4+1xCP8", "6xCP4+2xCP8", "2xCP4+4xCP8", "5xCP8"]
     assert probed("2xCP4+4xCP8") == ["5xCP8"]
+
+
+def test_a_look_replays_within_its_bound_keeping_each_paths_longest_steps(model):
+    # 40 GPUs at 6xCP4+2xCP8: the split path has 2 steps, the merge path 3, all
+    # probed; each probe costs two replays of the window (with its transition,
+    # and steady: the horizon), the current composition one. A bound that
+    # affords three probes hands them out one per direction in turn, each
+    # direction keeping its longest steps; one that affords none still keeps
+    # one per direction.
+    layout = planner.layout_for(Composition.parse("6xCP4+2xCP8"))
+    requests = [(0.4 * i, 3000) for i in range(50)]
+
+    def candidates(rows: int) -> list[tuple[str, str]]:
+        ps = settings(whatif_rows=rows, persist_windows=8)
+        ctl = Controller(planner.initial_state(layout), planner.CapacityProfile({4: 1.0, 8: 1.0}),
+                         ps, model)  # fmt: skip
+        feed(ctl, requests)
+        tick = ctl.tick({s.worker: 0.0 for s in layout.slots}, reconfiguring=False)
+        assert tick is not None and tick.whatif is not None
+        return [(d, str(e.composition)) for d, e in tick.whatif.candidates]
+
+    every = [
+        ("split", "8xCP4+1xCP8"),
+        ("split", "10xCP4"),
+        ("merge", "4xCP4+3xCP8"),
+        ("merge", "2xCP4+4xCP8"),
+        ("merge", "5xCP8"),
+    ]
+    assert candidates(50 + 5 * 100) == every
+    assert candidates(50 + 3 * 100) == [every[0], every[1], every[4]]
+    assert candidates(50 + 3 * 100 - 1) == [every[1], every[4]]
+    assert candidates(1) == [every[1], every[4]]
+    with pytest.raises(ValueError, match="whatif_rows"):
+        settings(whatif_rows=0)

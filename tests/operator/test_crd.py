@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from vertumnus.core.planner import PlannerSettings
 from vertumnus.core.types import Composition
 from vertumnus.operator import crd
 
@@ -77,6 +78,7 @@ _CAMEL = {
     "whatif": "whatif",
     "checksPerWindow": "checks_per_window",
     "whatifThreads": "whatif_threads",
+    "whatifRows": "whatif_rows",
     "dampFlaps": "damp_flaps",
     "thetaInter": "theta_inter",
     "thetaIntra": "theta_intra",
@@ -158,6 +160,7 @@ def test_every_cel_rule_names_its_field():
         ({"controller": {"whatifThreads": 0}}, "spec.controller.whatifThreads"),
         ({"controller": {"whatifThreads": 17}}, "spec.controller.whatifThreads"),
         ({"controller": {"dampFlaps": -1}}, "spec.controller.dampFlaps"),
+        ({"controller": {"whatifRows": 0}}, "spec.controller.whatifRows"),
         ({"cacheManager": {"thetaReclaim": 5.0}}, "spec.cacheManager.thetaReclaim"),
         ({"cacheManager": {"decay": 1.0}}, "spec.cacheManager.decay"),
         ({"redis": {"mode": "external"}}, "spec.redis.url"),
@@ -206,6 +209,10 @@ def test_composition_initial_and_settings():
     threads = crd.parse_spec({**MINIMAL, "controller": {"whatifThreads": 2}}).planner_settings()
     assert threads.whatif_threads == 2
     assert crd.parse_spec(MINIMAL).planner_settings().whatif_threads == 1
+    # The bound on a look's replays: the core's default unless given.
+    assert crd.parse_spec(MINIMAL).planner_settings().whatif_rows == PlannerSettings().whatif_rows
+    rows = crd.parse_spec({**MINIMAL, "controller": {"whatifRows": 1000}}).planner_settings()
+    assert rows.whatif_rows == 1000
     # Flap damping: on by default (2 flaps), 0 turns it off.
     assert crd.parse_spec(MINIMAL).planner_settings().damp_flaps == 2
     off = crd.parse_spec({**MINIMAL, "controller": {"dampFlaps": 0}}).planner_settings()

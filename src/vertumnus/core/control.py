@@ -335,6 +335,12 @@ class _Replays:
     ) -> whatif.Estimate:
         return whatif.estimate(self.table, comp, self._params, starts)
 
+    def per_probe(self, horizon: int) -> int:
+        """Replays one probe costs on this table: the one with the transition, and
+        the steady one when the estimate weighs one in (a horizon, or the
+        requests since a change)."""
+        return 2 if horizon > 1 or self.since_s is not None else 1
+
     @property
     def threaded(self) -> bool:
         """The replays run on a pool (started ones run while the caller goes on)."""
@@ -591,7 +597,7 @@ class Controller:
     def _start(self, replays: _Replays, probes: list[list[planner.PathStep]]) -> _Started:
         """Every replay of :meth:`_estimates` for ``probes``, started."""
         ps = self.settings
-        steadily = ps.whatif_horizon > 1 or replays.since_s is not None
+        steadily = replays.per_probe(ps.whatif_horizon) == 2
         started: _Started = []
         for steps in probes:
             starts = whatif.transition_starts(
@@ -685,6 +691,36 @@ class Controller:
             return None
         return self._replaying(window.table.since(first), before, change)
 
+    def _affordable(
+        self,
+        probes: dict[str, list[list[planner.PathStep]]],
+        replays: _Replays,
+        since: _Replays | None,
+    ) -> dict[str, list[list[planner.PathStep]]]:
+        """The probes this look can replay within ``PlannerSettings.whatif_rows``
+        request replays (the current composition's replays counted first):
+        handed out one per direction in turn, each direction keeping its longest
+        steps. Only a large pool's look after a change of arrivals reaches the
+        bound: one operation there moves a sliver of the pool, so its shortest
+        steps are the ones that can least pay the margin. At least one probe
+        per direction stays; a rules' move that is not probed is estimated on
+        its own (one probe more)."""
+        ps = self.settings
+        tables = [r for r in (replays, since) if r is not None]
+        per_probe = sum(r.table.n * r.per_probe(ps.whatif_horizon) for r in tables)
+        spare = ps.whatif_rows - sum(r.table.n for r in tables)
+        if per_probe == 0 or sum(map(len, probes.values())) * per_probe <= spare:
+            return probes
+        left = max(0, spare // per_probe)
+        keep = {d: min(1, len(found)) for d, found in probes.items()}
+        left -= sum(keep.values())
+        while left > 0 and any(keep[d] < len(found) for d, found in probes.items()):
+            for d, found in probes.items():
+                if left > 0 and keep[d] < len(found):
+                    keep[d] += 1
+                    left -= 1
+        return {d: found[len(found) - keep[d] :] for d, found in probes.items()}
+
     def _check(
         self,
         before: planner.ControllerState,
@@ -704,6 +740,7 @@ class Controller:
         counted on whole disjoint windows only."""
         layout = before.layout
         probes = {d: self._probes(layout, obs.workers, d) for d in ("split", "merge")}
+        probes = self._affordable(probes, replays, since)
         recent, early = None, None
         if since is not None:
             first = {d: self._start(since, found) for d, found in probes.items()}

@@ -305,6 +305,16 @@ class PlannerSettings:
     the caller's thread. A shell with cores to spare for its controller gives
     it more: a 1,024-GPU window's check takes about half as long on two
     (docs/benchmarks/adaptive.md, "Decision time")."""
+    whatif_rows: int = 350_000
+    """The most request replays one look of the what-if check spends on its
+    probes: the table's requests times the replays (each candidate's, with and
+    without its transition, on the window and on the requests since a change).
+    The compiled replay takes ~0.1 µs per request on one core, so the default
+    keeps a look within ~35 ms of replays and the decision within the 50 ms
+    target at 1,024 GPUs; past it the shortest steps of each path are not
+    probed (:meth:`vertumnus.core.control.Controller._affordable`). A 40-GPU
+    pool's look needs a tenth of it (docs/benchmarks/adaptive.md, "A bound on a
+    look's replays")."""
     learn_capacity: bool = False
     """κ that follows the workload (:mod:`vertumnus.core.kappa`): the rules read
     the shipped κ corrected online from the workers' own hops (demand against
@@ -318,6 +328,8 @@ class PlannerSettings:
             raise ValueError(f"check_hops must be >= 1, got {self.check_hops}")
         if self.whatif_threads < 1:
             raise ValueError(f"whatif_threads must be >= 1, got {self.whatif_threads}")
+        if self.whatif_rows < 1:
+            raise ValueError(f"whatif_rows must be >= 1, got {self.whatif_rows}")
         if self.whatif_horizon < 1:
             raise ValueError(f"whatif_horizon must be >= 1 window, got {self.whatif_horizon}")
         if not 0 < self.lower < self.upper:

@@ -33,6 +33,7 @@ Pure: no clock, no I/O.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -111,19 +112,28 @@ def _carriers(
     ids: Mapping[int, int], key_index: Sequence[tuple[int, Mapping[int, Sequence[int]]]]
 ) -> tuple[np.ndarray, np.ndarray]:
     """(rows, prefix ids) of the requests carrying each reused key, from the shell's key
-    index: only the reused keys are looked up, not every block of the window."""
+    index: only the reused keys are looked up, not every block of the window (the
+    smaller of the two is walked), and the positions are gathered into arrays in
+    one pass per part. In no particular order: the table sorts them."""
     rows: list[np.ndarray] = []
-    carried: list[int] = []
+    carried: list[np.ndarray] = []
+    items = list(ids.items())
     for offset, part in key_index:
-        found: list[int] = []
-        # Only the keys both hold: a set intersection in C, not a lookup per key.
-        for key in ids.keys() & part.keys():
-            at = part[key]
-            found.extend(at)
-            carried.extend([ids[key]] * len(at))
-        rows.append(np.asarray(found, dtype=np.int64) + offset)
-    carrier = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
-    return carrier, np.asarray(carried, dtype=np.int64)
+        if len(part) < len(items):
+            hits = [(ids[k], at) for k, at in part.items() if k in ids]
+        else:
+            get = part.get
+            hits = [(i, at) for k, i in items if (at := get(k)) is not None]
+        if not hits:
+            continue
+        lengths = [len(at) for _, at in hits]
+        found = itertools.chain.from_iterable(at for _, at in hits)
+        rows.append(np.fromiter(found, dtype=np.int64, count=sum(lengths)) + offset)
+        prefix = np.fromiter((i for i, _ in hits), dtype=np.int64, count=len(hits))
+        carried.append(np.repeat(prefix, lengths))
+    if not rows:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(rows), np.concatenate(carried)
 
 
 class RequestTable:
