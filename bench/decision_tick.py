@@ -19,12 +19,16 @@ triples for its last 5 s, so the check also replays the requests since the
 change (``PlannerSettings.whatif_change``). Only the window's last look is
 timed; the seven before it fill the window.
 
+``--load 2`` doubles the rate (a window past the bound on a look's replays,
+``whatif_rows``, even without a change); ``--rows N`` sets that bound.
+
 ``bench/planner_speed.py`` records these for this checkout;
 ``bench/compare_checkouts.py`` runs this file against another checkout's
 code, side by side (it only uses what every checkout since the what-if check
 has, and sets ``whatif_threads`` only where it exists). Alone::
 
-    python bench/decision_tick.py [--gpus 1024] [--threads 2] [--repeat 7]
+    python bench/decision_tick.py [--gpus 1024] [--threads 2] [--repeat 7] [--change]
+        [--load 2] [--rows 1000000000000] [--out FILE]
 """
 
 from __future__ import annotations
@@ -53,10 +57,10 @@ POOLS = {
 """GPUs → the compositions timed there (composition, allowed degrees)."""
 
 
-def _window(gpus: int, change: bool) -> list[tuple[Request, int]]:
+def _window(gpus: int, change: bool, load: float = 1.0) -> list[tuple[Request, int]]:
     """The window's requests (with the prefix each reuses): 20 s at 0.75 requests/s per
-    GPU, or (``change``) 15 s of it and 5 s at three times the rate."""
-    rate = 0.75 * gpus
+    GPU (times ``load``), or (``change``) 15 s of it and 5 s at three times the rate."""
+    rate = 0.75 * gpus * load
     parts = [(0.0, 20.0, rate)] if not change else [(0.0, 15.0, rate), (15.0, 5.0, 3 * rate)]
     out: list[tuple[Request, int]] = []
     for seed, (start, duration, r) in enumerate(parts):
@@ -76,10 +80,13 @@ def time_tick(
     threads: int,
     repeat: int,
     change: bool = False,
+    load: float = 1.0,
+    rows: int | None = None,
 ) -> dict:
-    """Median / max CPU and wall ms of one tick on ``comp`` (module docstring)."""
+    """Median / max CPU and wall ms of one tick on ``comp`` (module docstring);
+    ``rows``: ``whatif_rows`` (None: the default)."""
     model = load_model()
-    window = _window(gpus, change)
+    window = _window(gpus, change, load)
     block_size = 512
     hops = 8 if change else 1
     options: dict[str, object] = {"degrees": degrees, "persist_windows": 1, "check_hops": hops}
@@ -87,6 +94,10 @@ def time_tick(
         if "whatif_threads" not in {f.name for f in dataclasses.fields(planner.PlannerSettings)}:
             raise SystemExit("this checkout's controller has no whatif_threads")
         options["whatif_threads"] = threads
+    if rows is not None:
+        if "whatif_rows" not in {f.name for f in dataclasses.fields(planner.PlannerSettings)}:
+            raise SystemExit("this checkout's controller has no whatif_rows")
+        options["whatif_rows"] = rows
     settings = planner.PlannerSettings(**options)  # type: ignore[arg-type]
     layout = planner.layout_for(Composition.parse(comp))
     running = {s.worker: (s.worker % 7) * 0.1 for s in layout.slots}
@@ -134,12 +145,22 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="time the look at a window whose last 5 s bring three times the rate",
     )
+    ap.add_argument(
+        "--load", type=float, default=1.0, help="times the 0.75 requests/s per GPU (default 1)"
+    )
+    ap.add_argument(
+        "--rows", type=int, default=None, help="whatif_rows, the bound on a look's replays"
+    )
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     args = ap.parse_args(argv)
     if args.threads < 1 or args.repeat < 1:
         ap.error("--threads and --repeat must be >= 1")
+    if args.load <= 0:
+        ap.error(f"--load must be > 0, got {args.load}")
+    if args.rows is not None and args.rows < 1:
+        ap.error(f"--rows must be >= 1, got {args.rows}")
     found = [
-        time_tick(args.gpus, c, d, args.threads, args.repeat, args.change)
+        time_tick(args.gpus, c, d, args.threads, args.repeat, args.change, args.load, args.rows)
         for c, d in POOLS[args.gpus]
     ]
     for f in found:
