@@ -368,6 +368,17 @@ def test_the_what_if_check_looks_between_windows(k8s, operator, namespace, fake_
         hops = sorted({hop for hop, _ in fake_router.takes})
         assert len(hops) >= 8, fake_router.takes
         assert hops == list(range(1, len(hops) + 1))  # consecutive, none skipped
+
+        # The controller's own memory (evaluations, flaps, streaks) is recorded with the
+        # planner's state at every hop, where a restarted operator reads it back.
+        def memory():
+            state = (get_pool(k8s, namespace, "looks").get("status") or {}).get("state") or {}
+            m = state.get("memory")
+            return m if m and m["evaluations"] >= 4 else None
+
+        recorded = wait_for("the controller's memory in the status", 10, memory)
+        # (A merge patch drops null fields: no goal, no last move.)
+        assert recorded["flaps"] == [] and recorded.get("goal") is None
         k8s.kubectl("delete", "cppool", "looks", "-n", namespace, "--timeout=30s")
 
 

@@ -388,13 +388,16 @@ class PoolRuntime:
     ) -> Controller | None:
         if spec.composition is not None or not spec.controller.enabled:
             return None
-        state = record.controller
+        state, memory = record.controller, record.memory
         if state is not None:
             in_flight = {t.op for t in record.pool.transitions}
             if any(op not in in_flight for op in state.pending) or (
                 not state.pending and state.layout != record.pool.layout
             ):
-                state = None  # reshaped by hand or by a pinned composition since
+                # Reshaped by hand or by a pinned composition since: the planner starts
+                # over, remembering only what happened (the flaps), not what it planned.
+                state = None
+                memory = None if memory is None else memory.without_plans()
         model = None
         if spec.controller.whatif:
             # The what-if check replays the routers' listed placements with the
@@ -410,6 +413,7 @@ class PoolRuntime:
             model,
             spec.placement_params(),
             spec.engine.block_size,
+            memory=memory,
         )
 
     async def _spec_changed(self, spec: PoolSpec, capacity: planner.CapacityProfile) -> None:

@@ -1,7 +1,8 @@
 """What the operator must not forget: the record it writes before it acts.
 
 A :class:`Record` is the pool state of the transition state machine, the planner's state,
-the last hop the controller took, and when each transition began. It lives in
+the controller's own memory (its flaps, streaks and a move's goal), the last hop the
+controller took, and when each transition began. It lives in
 ``status.state`` of the CPPool (:class:`vertumnus.operator.status.StatusStore` writes it,
 with a resourceVersion precondition) and is written **before** the operator acts on it:
 the Drain calls of a transition only go out once the transition is recorded in Draining,
@@ -21,6 +22,7 @@ from typing import Any, Protocol
 
 from vertumnus.core import planner
 from vertumnus.core import transition as tr
+from vertumnus.core.control import Memory
 from vertumnus.operator import serialize
 
 __all__ = ["LostRecord", "MemoryStore", "Record", "RecordStore", "decode_record", "encode_record"]
@@ -34,6 +36,10 @@ class LostRecord(RuntimeError):
 class Record:
     pool: tr.PoolState
     controller: planner.ControllerState | None = None
+    memory: Memory | None = None
+    """The controller's memory besides ``controller`` (None: no controller, or a record
+    written before the operator kept it), so that a restarted operator's controller
+    stays damped, keeps its streaks and finishes a move toward the same goal."""
     hop: int = 0
     """The last hop number the controller read (``TakeWindow(hop)``)."""
     seq: int = 0
@@ -70,6 +76,7 @@ def encode_record(r: Record) -> dict[str, Any]:
     return {
         "pool": serialize.encode_pool(r.pool),
         "controller": None if r.controller is None else serialize.encode_controller(r.controller),
+        "memory": None if r.memory is None else serialize.encode_memory(r.memory),
         "hop": r.hop,
         "seq": r.seq,
         "started": {str(t): when for t, when in r.started},
@@ -79,9 +86,11 @@ def encode_record(r: Record) -> dict[str, Any]:
 
 def decode_record(raw: dict[str, Any], last_transition: dict[str, Any] | None = None) -> Record:
     ctrl = raw.get("controller")
+    memory = raw.get("memory")
     return Record(
         pool=serialize.decode_pool(raw["pool"]),
         controller=None if ctrl is None else serialize.decode_controller(ctrl),
+        memory=None if memory is None else serialize.decode_memory(memory),
         hop=int(raw.get("hop", 0)),
         seq=int(raw.get("seq", 0)),
         started=tuple((int(t), float(w)) for t, w in (raw.get("started") or {}).items()),

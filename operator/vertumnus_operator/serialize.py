@@ -1,8 +1,9 @@
 """The core's state values as JSON, for the CPPool status (``status.state``).
 
 The serving core keeps the pool's grouping and transitions (:class:`~vertumnus.core.
-transition.PoolState`) and the planner's memory (:class:`~vertumnus.core.planner.
-ControllerState`) as frozen dataclasses with no I/O. The operator records them in the
+transition.PoolState`), the planner's memory (:class:`~vertumnus.core.planner.
+ControllerState`) and the controller's own (:class:`~vertumnus.core.control.Memory`:
+flaps, the what-if check's streaks, a move's goal) as frozen dataclasses with no I/O. The operator records them in the
 CPPool status before it acts on them, and reads them back after a restart, so that
 :func:`vertumnus.core.transition.resume` carries on from the recorded phase. This module
 is that round trip, explicit per type (a generic pickle-like encoder would silently
@@ -20,6 +21,7 @@ from typing import Any
 
 from vertumnus.core import planner
 from vertumnus.core import transition as tr
+from vertumnus.core.control import Memory
 from vertumnus.core.lattice import Layout, Slot
 from vertumnus.core.types import Composition
 
@@ -28,10 +30,12 @@ __all__ = [
     "StateError",
     "decode_controller",
     "decode_layout",
+    "decode_memory",
     "decode_op",
     "decode_pool",
     "encode_controller",
     "encode_layout",
+    "encode_memory",
     "encode_op",
     "encode_pool",
 ]
@@ -233,3 +237,49 @@ def decode_controller(
         ),
         history=tuple(str(h) for h in raw.get("history", ())),
     )
+
+
+def encode_memory(m: Memory) -> dict[str, Any]:
+    return {
+        "evaluations": m.evaluations,
+        "flaps": list(m.flaps),
+        "lastMove": None if m.last_move is None else list(m.last_move),
+        "streak": list(m.streak),
+        "lean": [m.lean[0], list(m.lean[1])],
+        "goal": None if m.goal is None else [m.goal[0], str(m.goal[1])],
+    }
+
+
+def decode_memory(raw: Mapping[str, Any], where: str = "status.state.memory") -> Memory:
+    def pair(key: str, kinds: tuple[type, type]) -> Any:
+        value = raw.get(key)
+        if value is None:
+            return None
+        ok = isinstance(value, list) and len(value) == 2
+        if not ok or not all(isinstance(v, k) for v, k in zip(value, kinds, strict=True)):
+            raise StateError(f"{where}.{key}: expected [direction, value], got {value!r}")
+        return value
+
+    evaluations = raw.get("evaluations", 0)
+    flaps = raw.get("flaps", [])
+    if not isinstance(evaluations, int) or not isinstance(flaps, list):
+        raise StateError(f"{where}: evaluations must be an integer and flaps a list")
+    if not all(isinstance(f, int) for f in flaps):
+        raise StateError(f"{where}.flaps: expected evaluations (integers), got {flaps!r}")
+    last = pair("lastMove", (str, int))
+    streak = pair("streak", (str, int)) or ["", 0]
+    lean = pair("lean", (str, list)) or ["", []]
+    if not all(isinstance(g, (int, float)) for g in lean[1]):
+        raise StateError(f"{where}.lean: expected gains (numbers), got {lean[1]!r}")
+    goal = pair("goal", (str, str))
+    try:
+        return Memory(
+            evaluations=evaluations,
+            flaps=tuple(flaps),
+            last_move=None if last is None else (last[0], last[1]),
+            streak=(streak[0], streak[1]),
+            lean=(lean[0], tuple(float(g) for g in lean[1])),
+            goal=None if goal is None else (goal[0], Composition.parse(goal[1])),
+        )
+    except ValueError as e:
+        raise StateError(f"{where}: {e}") from None

@@ -104,6 +104,7 @@ class TransitionRunner:
             record,
             seq=self.record.seq + 1,
             controller=None if self.controller is None else self.controller.state,
+            memory=None if self.controller is None else self.controller.memory(),
         )
         await self.store.write(record)
         self.record = record

@@ -635,15 +635,21 @@ def test_a_move_of_the_whole_window_is_vetoed_when_it_does_not_pay_since_the_cha
     assert since.target is None and ctl.state.pending == () and ctl._goal is None
 
 
-def _flapping(model, ps: planner.PlannerSettings, windows: str):  # type: ignore[no-untyped-def]
+def _flapping(model, ps: planner.PlannerSettings, windows: str, restart: str = ""):  # type: ignore[no-untyped-def]
     """One CP8 domain fed, window by window, bursts of short requests ("s": two CP4s
     pay decisively) or sparse long ones ("l": one CP8 does); every move committed at
-    once. The ticks, in order."""
+    once. At a "|" in ``windows`` the controller is replaced by a new one on its
+    state (a shell restarted), given its memory with ``restart="memory"``. The
+    ticks, in order."""
     huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
     ctl = Controller(planner.initial_state(planner.layout_for(Composition.parse("CP8"), 8)),
                      huge, ps, model)  # fmt: skip
     rid, next_id, ticks = 0, 100, []
     for k, kind in enumerate(windows):
+        if kind == "|":
+            memory = ctl.memory() if restart == "memory" else None
+            ctl = Controller(ctl.state, huge, ps, model, memory=memory)
+            continue
         batch = (
             [(0.0, 100)] + [(2.0, 6000)] * 6
             if kind == "s"
@@ -682,6 +688,50 @@ def test_merges_are_damped_once_the_pool_flaps(model):
     # Off, the pool follows every window.
     free, _ = _flapping(model, replace(ps, damp_flaps=0), "slsll")
     assert [t.target for t in free][:4] == ["2xCP4", "1xCP8", "2xCP4", "1xCP8"]
+
+
+def test_a_restarted_controller_given_its_memory_stays_damped(model):
+    # Split, merge back, split again: two flaps, damped. A shell restarts the
+    # controller here, and the new one meets a burst, then two windows where a
+    # merge pays. Given the memory it decides as the controller that ran on
+    # does (damped); without it, it has forgotten the flaps and merges.
+    ps = settings(min_requests=4, damp_flaps=2, flap_s=120.0, damp_s=1200.0)
+    on, _ = _flapping(model, ps, "slsl" + "sll")
+    kept, ctl = _flapping(model, ps, "slsl|" + "sll", restart="memory")
+    lost, _ = _flapping(model, ps, "slsl|" + "sll")
+
+    def moves(ticks):  # type: ignore[no-untyped-def]
+        return [(t.whatif.verdict, t.target) for t in ticks]
+
+    assert moves(kept) == moves(on)
+    assert moves(on)[-2:] == [("damped", None), ("damped", None)]
+    assert moves(lost)[:5] == moves(on)[:5] and moves(lost)[5] == ("trigger", "1xCP8")
+    # The memory is all of it: the restored controller's equals the one it came from.
+    memory = ctl.memory()
+    assert memory.flaps and memory.last_move is not None
+    again = Controller(ctl.state, planner.CapacityProfile({4: 1.0, 8: 1.0}), ps, model,
+                       memory=memory)  # fmt: skip
+    assert again.memory() == memory
+    assert memory.without_plans() == replace(memory, streak=("", 0), lean=("", ()), goal=None)
+
+
+def test_a_memory_that_cannot_be_refuses_to_restore():
+    from vertumnus.core.control import Memory
+
+    with pytest.raises(ValueError, match="flaps must be ascending"):
+        Memory(evaluations=5, flaps=(4, 2))
+    with pytest.raises(ValueError, match="flaps must be ascending"):
+        Memory(evaluations=5, flaps=(9,))
+    with pytest.raises(ValueError, match="last_move: direction"):
+        Memory(evaluations=5, last_move=("up", 3))
+    with pytest.raises(ValueError, match="last_move: evaluation 7"):
+        Memory(evaluations=5, last_move=("split", 7))
+    with pytest.raises(ValueError, match="streak count"):
+        Memory(streak=("merge", -1))
+    with pytest.raises(ValueError, match="goal: direction"):
+        Memory(goal=("", Composition.parse("CP8")))
+    with pytest.raises(ValueError, match="evaluations must be >= 0"):
+        Memory(evaluations=-1)
 
 
 def test_splits_are_never_damped_and_flaps_age_out(model):

@@ -98,3 +98,37 @@ def test_a_bad_record_names_the_field():
     del raw["nextWorker"]
     with pytest.raises(serialize.StateError, match="status.state.pool.nextWorker: missing"):
         serialize.decode_pool(raw)
+
+
+def test_the_controllers_memory_round_trips_and_a_bad_one_names_the_field():
+    from vertumnus.core.control import Memory
+
+    memory = Memory(
+        evaluations=40,
+        flaps=(12, 31),
+        last_move=("split", 31),
+        streak=("merge", 1),
+        lean=("merge", (0.012, 0.02, -0.0)),
+        goal=("merge", planner.Composition.parse("2xCP4+1xCP8")),
+    )
+    raw = json.loads(json.dumps(serialize.encode_memory(memory)))
+    assert serialize.decode_memory(raw) == memory
+    assert serialize.decode_memory(serialize.encode_memory(Memory())) == Memory()
+    layout = layout_for(planner.Composition.parse("2xCP4+1xCP8"), 8)
+    record = Record(tr.initial_pool(layout), planner.initial_state(layout), memory, hop=40)
+    assert decode_record(json.loads(json.dumps(encode_record(record)))) == record
+    # A record written before the memory was kept reads back without one.
+    old = encode_record(record)
+    del old["memory"]
+    assert decode_record(old).memory is None
+    for field, value, message in (
+        ("flaps", [31, 12], r"status.state.memory: memory flaps must be ascending"),
+        ("flaps", ["12"], r"status.state.memory.flaps: expected evaluations"),
+        ("lastMove", ["sideways", 3], r"status.state.memory: memory last_move: direction"),
+        ("streak", ["merge"], r"status.state.memory.streak: expected \[direction, value\]"),
+        ("lean", ["merge", ["x"]], r"status.state.memory.lean: expected gains"),
+        ("goal", ["merge", "CP8 and more"], r"status.state.memory: bad composition term"),
+    ):
+        bad = dict(raw, **{field: value})
+        with pytest.raises(serialize.StateError, match=message):
+            serialize.decode_memory(bad)

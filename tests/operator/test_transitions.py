@@ -226,6 +226,40 @@ def test_the_runner_records_the_what_if_check_of_the_listed_placements(router):
     assert check["verdict"] in ("agree", "extend", "veto", "trigger", "wait", "stay", "damped")
     assert check["current"]["composition"] == "4xCP4" and check["current"]["mean_s"] > 0
     assert check["candidates"], "the neighbours along the split and merge paths"
+    # The controller's memory is recorded with the planner's state at every hop.
+    assert store.last.memory == controller.memory()
+    assert store.last.memory.evaluations == 2
+
+
+def test_a_restarted_operators_controller_takes_its_memory_from_the_record():
+    """PoolRuntime builds the controller from the record: the planner's state and the
+    controller's memory as recorded; after a reshaping by hand, the planner starts over
+    and the memory keeps only what happened (flaps, the last move)."""
+    from vertumnus.core.control import Memory
+    from vertumnus.operator import crd
+    from vertumnus.operator.pool import PoolRuntime
+
+    spec = crd.parse_spec({"gpus": 16, "engine": {"image": "img"}})
+    layout = _layout("2xCP8")
+    memory = Memory(
+        evaluations=90,
+        flaps=(40, 77),
+        last_move=("split", 77),
+        streak=("merge", 1),
+        lean=("merge", (0.01,)),
+        goal=None,
+    )
+    record = Record(tr.initial_pool(layout), planner.initial_state(layout), memory, hop=90)
+    runtime = PoolRuntime(None, "p", "ns", "uid")
+    restored = runtime._controller(record, spec, CAPACITY)
+    assert restored is not None and restored.memory() == memory
+    assert restored.state == record.controller
+    # The pool was reshaped by hand since (its layout is not the planner's).
+    reshaped = Record(tr.initial_pool(_layout("4xCP4")), record.controller, memory, hop=90)
+    again = runtime._controller(reshaped, spec, CAPACITY)
+    assert again is not None and again.state == planner.initial_state(_layout("4xCP4"))
+    assert again.memory() == memory.without_plans()
+    assert again.memory().flaps == (40, 77) and again.memory().streak == ("", 0)
 
 
 def test_a_window_is_summed_over_replicas():

@@ -56,6 +56,7 @@ from vertumnus.core.types import Composition, Request, cached_tokens
 __all__ = [
     "Controller",
     "ControlWindows",
+    "Memory",
     "Tick",
     "WhatIf",
     "composition_estimates",
@@ -256,6 +257,67 @@ class ControlWindows:
             self._reuse[w] *= decay
 
 
+_DIRECTIONS = ("split", "merge")
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What a :class:`Controller` remembers besides the planner's state
+    (:attr:`Controller.state`), so that a shell which restarts (an operator pod
+    rescheduled or upgraded) can give it back and the controller goes on as it was:
+    a pool that flaps stays damped, a move in flight keeps its goal, persistence and
+    small gains keep their count. The window's requests are not in it: a restarted
+    controller fills a new window first. Evaluations count the hops the controller
+    evaluated, not the time it was down: flaps age only while it runs."""
+
+    evaluations: int = 0
+    """Windows evaluated so far (boundaries and flap ages are counted in them)."""
+    flaps: tuple[int, ...] = ()
+    """Evaluations at which a move reversed the previous one within ``flap_s``, oldest first."""
+    last_move: tuple[str, int] | None = None
+    """Direction and evaluation of the last move the what-if check let start."""
+    streak: tuple[str, int] = ("", 0)
+    """Direction of the candidate that paid in the last disjoint windows, and for how many."""
+    lean: tuple[str, tuple[float, ...]] = ("", ())
+    """Direction of the small gains adding up, and each window's gain."""
+    goal: tuple[str, Composition] | None = None
+    """Direction and target of a move the what-if check started and has not finished."""
+
+    def __post_init__(self) -> None:
+        def direction(d: str, what: str, empty: bool) -> None:
+            if d not in _DIRECTIONS and not (empty and d == ""):
+                raise ValueError(f"memory {what}: direction must be split or merge, got {d!r}")
+
+        if self.evaluations < 0:
+            raise ValueError(f"memory evaluations must be >= 0, got {self.evaluations}")
+        if any(not 0 <= f <= self.evaluations for f in self.flaps) or list(self.flaps) != sorted(
+            self.flaps
+        ):
+            raise ValueError(
+                f"memory flaps must be ascending evaluations in 0..{self.evaluations}, "
+                f"got {list(self.flaps)}"
+            )
+        if self.last_move is not None:
+            direction(self.last_move[0], "last_move", empty=False)
+            if not 0 <= self.last_move[1] <= self.evaluations:
+                raise ValueError(
+                    f"memory last_move: evaluation {self.last_move[1]} is not in "
+                    f"0..{self.evaluations}"
+                )
+        direction(self.streak[0], "streak", empty=True)
+        if self.streak[1] < 0:
+            raise ValueError(f"memory streak count must be >= 0, got {self.streak[1]}")
+        direction(self.lean[0], "lean", empty=True)
+        if self.goal is not None:
+            direction(self.goal[0], "goal", empty=False)
+
+    def without_plans(self) -> Memory:
+        """The facts only: what happened (evaluations, flaps, the last move), not what
+        was under way (streak, lean, goal) — for a controller whose planner state was
+        dropped because the pool was reshaped by hand."""
+        return replace(self, streak=("", 0), lean=("", ()), goal=None)
+
+
 @dataclass(frozen=True)
 class WhatIf:
     """The what-if check of one window (:mod:`vertumnus.core.whatif`)."""
@@ -424,7 +486,10 @@ class Controller:
         params: PlacementParams | None = None,
         block_size: int = 512,
         slo: SloRule | None = None,
+        memory: Memory | None = None,
     ) -> None:
+        """``memory``: what a previous controller of this pool remembered
+        (:meth:`memory`), when a shell restarts it; None: a new pool's."""
         self.state = state
         self.block_size = block_size
         self.capacity = capacity
@@ -454,6 +519,25 @@ class Controller:
         sets each request's τ) or as sums (:meth:`capacity_reported`)."""
         self.samples = kappa.SampleBook(hops_per_sample=settings.hops_per_window)
         self._degrees: tuple[planner.Layout, dict[int, int]] | None = None
+        if memory is not None:
+            self._evaluations = memory.evaluations
+            self._flaps = deque(memory.flaps)
+            self._last_move = memory.last_move
+            self._streak = memory.streak
+            self._lean = memory.lean
+            self._goal = memory.goal
+
+    def memory(self) -> Memory:
+        """What this controller remembers besides :attr:`state` (:class:`Memory`), for
+        a shell to keep and give back to the controller that replaces it."""
+        return Memory(
+            evaluations=self._evaluations,
+            flaps=tuple(self._flaps),
+            last_move=self._last_move,
+            streak=self._streak,
+            lean=self._lean,
+            goal=self._goal,
+        )
 
     def placed(
         self, request: Request, worker: int, estimate_s: float, cached_tokens: int = 0
