@@ -22,6 +22,7 @@ from typing import Any
 from vertumnus.core import planner
 from vertumnus.core import transition as tr
 from vertumnus.core.control import Memory
+from vertumnus.core.kappa import LearnedBins
 from vertumnus.core.lattice import Layout, Slot
 from vertumnus.core.types import Composition
 
@@ -247,7 +248,43 @@ def encode_memory(m: Memory) -> dict[str, Any]:
         "streak": list(m.streak),
         "lean": [m.lean[0], list(m.lean[1])],
         "goal": None if m.goal is None else [m.goal[0], str(m.goal[1])],
+        "kappa": None if m.kappa is None else _encode_learned(m.kappa),
     }
+
+
+def _encode_learned(k: LearnedBins) -> dict[str, Any]:
+    # Only the bins with weight: a few of the 60 per degree in a steady pool.
+    return {
+        "samples": k.samples,
+        "bins": {str(d): [list(row) for row in rows] for d, rows in k.bins.items()},
+    }
+
+
+def _decode_learned(raw: Any, where: str) -> LearnedBins:
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("bins", {}), Mapping):
+        raise StateError(f"{where}: expected {{samples, bins: {{degree: rows}}}}, got {raw!r}")
+    bins: dict[int, tuple[tuple[int, float, float, float, float], ...]] = {}
+    for d, rows in raw.get("bins", {}).items():
+        ok = str(d).isdigit() and isinstance(rows, list)
+        ok = ok and all(
+            isinstance(row, list)
+            and len(row) == 5
+            and isinstance(row[0], int)
+            and all(isinstance(x, (int, float)) for x in row[1:])
+            for row in rows
+        )
+        if not ok:
+            raise StateError(f"{where}.bins.{d}: expected rows [bin, w, a, a2, r], got {rows!r}")
+        bins[int(d)] = tuple(
+            (row[0], float(row[1]), float(row[2]), float(row[3]), float(row[4])) for row in rows
+        )
+    samples = raw.get("samples", 0)
+    if not isinstance(samples, int):
+        raise StateError(f"{where}.samples: expected an integer, got {samples!r}")
+    try:
+        return LearnedBins(bins, samples)
+    except ValueError as e:
+        raise StateError(f"{where}: {e}") from None
 
 
 def decode_memory(raw: Mapping[str, Any], where: str = "status.state.memory") -> Memory:
@@ -272,6 +309,8 @@ def decode_memory(raw: Mapping[str, Any], where: str = "status.state.memory") ->
     if not all(isinstance(g, (int, float)) for g in lean[1]):
         raise StateError(f"{where}.lean: expected gains (numbers), got {lean[1]!r}")
     goal = pair("goal", (str, str))
+    learned = raw.get("kappa")
+    kappa = None if learned is None else _decode_learned(learned, f"{where}.kappa")
     try:
         return Memory(
             evaluations=evaluations,
@@ -280,6 +319,7 @@ def decode_memory(raw: Mapping[str, Any], where: str = "status.state.memory") ->
             streak=(streak[0], streak[1]),
             lean=(lean[0], tuple(float(g) for g in lean[1])),
             goal=None if goal is None else (goal[0], Composition.parse(goal[1])),
+            kappa=kappa,
         )
     except ValueError as e:
         raise StateError(f"{where}: {e}") from None

@@ -61,6 +61,34 @@ def test_old_samples_fade_so_the_estimate_follows_a_change():
     assert learner.correction(8) == pytest.approx(1.4, rel=0.05)
 
 
+def test_a_learner_given_what_another_learned_fits_the_same_and_goes_on_alike():
+    first = CapacityLearner(SHIPPED, LearnerSettings(half_life=50))
+    feed_curve(first, 8, 0.7)
+    feed_curve(first, 4, 1.3, n=60)
+    learned = first.learned()
+    assert learned.samples == first.samples == 260
+    second = CapacityLearner(SHIPPED, LearnerSettings(half_life=50), learned=learned)
+    assert second.profile().kappa_per_s == first.profile().kappa_per_s
+    assert second.learned() == learned
+    # New samples move both the same way, bit for bit.
+    feed_curve(first, 8, 1.4, n=100)
+    feed_curve(second, 8, 1.4, n=100)
+    assert second.profile().kappa_per_s == first.profile().kappa_per_s
+
+
+def test_learned_bins_that_cannot_be_are_refused():
+    from vertumnus.core.kappa import LearnedBins
+
+    with pytest.raises(ValueError, match="bin 60 is not in 0..59"):
+        LearnedBins({4: ((60, 1.0, 1.0, 1.0, 0.5),)})
+    with pytest.raises(ValueError, match="CP8, bin 3: sums must be finite"):
+        LearnedBins({8: ((3, 1.0, 2.0, 1.0, 0.5),)})
+    with pytest.raises(ValueError, match="CP8, bin 3: sums must be finite"):
+        LearnedBins({8: ((3, float("nan"), 0.0, 0.0, 0.0),)})
+    with pytest.raises(ValueError, match="samples must be >= 0"):
+        LearnedBins({}, samples=-1)
+
+
 def test_a_profile_without_levels_uses_the_default_curve():
     learner = CapacityLearner(planner.CapacityProfile({4: 0.5}))
     # The default curve meets the 0.9 target at d = κ; samples there at 0.9: m ≈ 1.
@@ -177,6 +205,13 @@ def test_the_controller_reads_the_learned_kappa():
     assert learned == sorted(learned, reverse=True)
     # The utilization the rules read is against the learned κ.
     assert tick.utilization == pytest.approx(0.8 * SHIPPED.kappa(4) / learned[-1], rel=0.01)
+    # A controller restarted with the memory reads the learned κ from its first window.
+    memory = ctl.memory()
+    assert memory.kappa is not None and memory.kappa.samples == ctl.learner.samples
+    again = Controller(ctl.state, SHIPPED, ps, model, memory=memory)
+    assert again.capacity.kappa_per_s == ctl.capacity.kappa_per_s
+    assert again.capacity.kappa(4) == learned[-1]
+    assert again.memory() == memory
     # Without the setting the shipped κ stays.
     fixed = Controller(
         planner.initial_state(layout), SHIPPED, planner.PlannerSettings(check_hops=1), model

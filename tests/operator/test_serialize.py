@@ -102,6 +102,7 @@ def test_a_bad_record_names_the_field():
 
 def test_the_controllers_memory_round_trips_and_a_bad_one_names_the_field():
     from vertumnus.core.control import Memory
+    from vertumnus.core.kappa import LearnedBins
 
     memory = Memory(
         evaluations=40,
@@ -110,6 +111,7 @@ def test_the_controllers_memory_round_trips_and_a_bad_one_names_the_field():
         streak=("merge", 1),
         lean=("merge", (0.012, 0.02, -0.0)),
         goal=("merge", planner.Composition.parse("2xCP4+1xCP8")),
+        kappa=LearnedBins({4: ((3, 0.7, 0.65, 0.61, 0.3), (17, 1.9, 1.1, 0.7, 1.6))}, 41),
     )
     raw = json.loads(json.dumps(serialize.encode_memory(memory)))
     assert serialize.decode_memory(raw) == memory
@@ -128,6 +130,9 @@ def test_the_controllers_memory_round_trips_and_a_bad_one_names_the_field():
         ("streak", ["merge"], r"status.state.memory.streak: expected \[direction, value\]"),
         ("lean", ["merge", ["x"]], r"status.state.memory.lean: expected gains"),
         ("goal", ["merge", "CP8 and more"], r"status.state.memory: bad composition term"),
+        ("kappa", {"bins": {"4": [[3, 0.7]]}}, r"status.state.memory.kappa.bins.4: expected"),
+        ("kappa", {"bins": {"4": [[99, 1, 1, 1, 1]]}}, r"memory.kappa: .*bin 99 is not in"),
+        ("kappa", {"bins": {}, "samples": "9"}, r"status.state.memory.kappa.samples"),
     ):
         bad = dict(raw, **{field: value})
         with pytest.raises(serialize.StateError, match=message):

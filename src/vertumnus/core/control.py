@@ -266,7 +266,7 @@ class Memory:
     (:attr:`Controller.state`), so that a shell which restarts (an operator pod
     rescheduled or upgraded) can give it back and the controller goes on as it was:
     a pool that flaps stays damped, a move in flight keeps its goal, persistence and
-    small gains keep their count. The window's requests are not in it: a restarted
+    small gains keep their count, the online κ keeps what it learned. The window's requests are not in it: a restarted
     controller fills a new window first. Evaluations count the hops the controller
     evaluated, not the time it was down: flaps age only while it runs."""
 
@@ -282,6 +282,8 @@ class Memory:
     """Direction of the small gains adding up, and each window's gain."""
     goal: tuple[str, Composition] | None = None
     """Direction and target of a move the what-if check started and has not finished."""
+    kappa: kappa.LearnedBins | None = None
+    """What the online κ learned (``PlannerSettings.learn_capacity``; None: off)."""
 
     def __post_init__(self) -> None:
         def direction(d: str, what: str, empty: bool) -> None:
@@ -312,9 +314,9 @@ class Memory:
             direction(self.goal[0], "goal", empty=False)
 
     def without_plans(self) -> Memory:
-        """The facts only: what happened (evaluations, flaps, the last move), not what
-        was under way (streak, lean, goal) — for a controller whose planner state was
-        dropped because the pool was reshaped by hand."""
+        """The facts only: what happened (evaluations, flaps, the last move, the learned
+        κ), not what was under way (streak, lean, goal) — for a controller whose
+        planner state was dropped because the pool was reshaped by hand."""
         return replace(self, streak=("", 0), lean=("", ()), goal=None)
 
 
@@ -520,6 +522,9 @@ class Controller:
         self.samples = kappa.SampleBook(hops_per_sample=settings.hops_per_window)
         self._degrees: tuple[planner.Layout, dict[int, int]] | None = None
         if memory is not None:
+            if self.learner is not None and memory.kappa is not None:
+                self.learner = kappa.CapacityLearner(capacity, learned=memory.kappa)
+                self.capacity = self.learner.profile()
             self._evaluations = memory.evaluations
             self._flaps = deque(memory.flaps)
             self._last_move = memory.last_move
@@ -537,6 +542,7 @@ class Controller:
             streak=self._streak,
             lean=self._lean,
             goal=self._goal,
+            kappa=None if self.learner is None else self.learner.learned(),
         )
 
     def placed(

@@ -52,6 +52,7 @@ from vertumnus.core.planner import CapacityProfile
 
 __all__ = [
     "CapacityLearner",
+    "LearnedBins",
     "LearnerSettings",
     "Part",
     "ReplicaBook",
@@ -62,6 +63,9 @@ __all__ = [
 
 _BINS = 60
 _R_MAX = 3.0
+_NEGLIGIBLE = 1e-9
+"""A bin whose decayed weight is this small is out of the fit (and, since weights
+only decay, stays out): it is not kept either."""
 _GRID = tuple(2.0 ** (k / 32) for k in range(-48, 49))
 """The corrections m tried (0.35 … 2.83, 2.2 % apart; 1.0 is on the grid)."""
 
@@ -122,6 +126,31 @@ class _Curve:
         return ys[lo] + t * (ys[hi] - ys[lo])
 
 
+@dataclass(frozen=True)
+class LearnedBins:
+    """What a :class:`CapacityLearner` has learned, to give back to a new one (a shell
+    that restarts): per degree the decayed sums of the demand bins the fit uses, and
+    the samples counted."""
+
+    bins: Mapping[int, tuple[tuple[int, float, float, float, float], ...]]
+    """Degree → (bin, Σ w, Σ w·a, Σ w·a², Σ w·r) of each bin with weight."""
+    samples: int = 0
+
+    def __post_init__(self) -> None:
+        if self.samples < 0:
+            raise ValueError(f"learned samples must be >= 0, got {self.samples}")
+        for d, rows in self.bins.items():
+            for i, w, a, a2, r in rows:
+                sums = (w, a, a2, r)
+                if not 0 <= i < _BINS:
+                    raise ValueError(f"learned bins of CP{d}: bin {i} is not in 0..{_BINS - 1}")
+                if not all(math.isfinite(x) and x >= 0 for x in sums) or a > w or a2 > w:
+                    raise ValueError(
+                        f"learned bins of CP{d}, bin {i}: sums must be finite, >= 0, with "
+                        f"attainment sums <= the weight, got {sums}"
+                    )
+
+
 class _Bins:
     """Decayed sums of one degree's samples per demand bin: weight, Σ w·a, Σ w·a², Σ w·r."""
 
@@ -151,9 +180,16 @@ class _Bins:
 class CapacityLearner:
     """κ̂ per degree from window samples (module docstring), starting at ``prior``."""
 
-    def __init__(self, prior: CapacityProfile, settings: LearnerSettings | None = None) -> None:
+    def __init__(
+        self,
+        prior: CapacityProfile,
+        settings: LearnerSettings | None = None,
+        learned: LearnedBins | None = None,
+    ) -> None:
         """The curve of each degree is the prior's measured ``levels``, or
-        :func:`default_curve` for a degree without them."""
+        :func:`default_curve` for a degree without them. ``learned``: what a previous
+        learner of the pool had (:meth:`learned`); bins of a degree the prior lacks
+        are dropped, as its samples would be."""
         self.prior = prior
         self.settings = settings or LearnerSettings()
         self._decay = 0.5 ** (1.0 / self.settings.half_life)
@@ -167,6 +203,24 @@ class CapacityLearner:
         self._bins: dict[int, _Bins] = {}
         self._m: dict[int, float] = {}
         self.samples = 0
+        if learned is not None:
+            self.samples = learned.samples
+            for d, rows in learned.bins.items():
+                if d not in self._curves:
+                    continue
+                bins = self._bins.setdefault(d, _Bins())
+                for i, w, a, a2, r in rows:
+                    bins.w[i], bins.a[i], bins.a2[i], bins.r[i] = w, a, a2, r
+
+    def learned(self) -> LearnedBins:
+        """What this learner has learned (:class:`LearnedBins`), for a new one."""
+        return LearnedBins(
+            {
+                d: tuple((i, b.w[i], b.a[i], b.a2[i], b.r[i]) for i in range(_BINS) if b.w[i] > _NEGLIGIBLE)
+                for d, b in sorted(self._bins.items())
+            },
+            self.samples,
+        )
 
     def add(self, degree: int, demand_per_s: float, attainment: float, requests: int = 1) -> None:
         """One worker's hop: its demand rate, its token-weighted attainment, its requests."""
@@ -197,7 +251,7 @@ class CapacityLearner:
             return 1.0
         s = self.settings
         curve = self._curves[degree]
-        used = [i for i in range(_BINS) if bins.w[i] > 1e-9]
+        used = [i for i in range(_BINS) if bins.w[i] > _NEGLIGIBLE]
         centres = [bins.r[i] / bins.w[i] for i in used]
         best, best_loss = 1.0, math.inf
         for m in _GRID:
