@@ -3,10 +3,11 @@
 The serving core keeps the pool's grouping and transitions (:class:`~vertumnus.core.
 transition.PoolState`), the planner's memory (:class:`~vertumnus.core.planner.
 ControllerState`) and the controller's own (:class:`~vertumnus.core.control.Memory`:
-flaps, the what-if check's streaks, a move's goal) as frozen dataclasses with no I/O. The operator records them in the
-CPPool status before it acts on them, and reads them back after a restart, so that
-:func:`vertumnus.core.transition.resume` carries on from the recorded phase. This module
-is that round trip, explicit per type (a generic pickle-like encoder would silently
+flaps, the what-if check's streaks, a move's goal, the learned κ) as frozen dataclasses
+with no I/O. The operator records them in the CPPool status before it acts on them,
+and reads them back after a restart, so that :func:`vertumnus.core.transition.resume`
+carries on from the recorded phase and the controller from its memory. This module is
+that round trip, explicit per type (a generic pickle-like encoder would silently
 follow changes of the core's classes; this one fails loudly, naming the field).
 
 ``decode(encode(x)) == x`` for every value the operator records (tested with hypothesis

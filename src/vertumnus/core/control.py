@@ -266,9 +266,10 @@ class Memory:
     (:attr:`Controller.state`), so that a shell which restarts (an operator pod
     rescheduled or upgraded) can give it back and the controller goes on as it was:
     a pool that flaps stays damped, a move in flight keeps its goal, persistence and
-    small gains keep their count, the online κ keeps what it learned. The window's requests are not in it: a restarted
-    controller fills a new window first. Evaluations count the hops the controller
-    evaluated, not the time it was down: flaps age only while it runs."""
+    small gains keep their count, the online κ keeps what it learned. The window's
+    requests are not in it: a restarted controller fills a new window first.
+    Evaluations count the hops the controller evaluated, not the time it was down:
+    flaps age only while it runs."""
 
     evaluations: int = 0
     """Windows evaluated so far (boundaries and flap ages are counted in them)."""
@@ -292,9 +293,8 @@ class Memory:
 
         if self.evaluations < 0:
             raise ValueError(f"memory evaluations must be >= 0, got {self.evaluations}")
-        if any(not 0 <= f <= self.evaluations for f in self.flaps) or list(self.flaps) != sorted(
-            self.flaps
-        ):
+        flaps = list(self.flaps)
+        if flaps != sorted(flaps) or any(not 0 <= f <= self.evaluations for f in flaps):
             raise ValueError(
                 f"memory flaps must be ascending evaluations in 0..{self.evaluations}, "
                 f"got {list(self.flaps)}"

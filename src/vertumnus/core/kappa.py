@@ -216,7 +216,11 @@ class CapacityLearner:
         """What this learner has learned (:class:`LearnedBins`), for a new one."""
         return LearnedBins(
             {
-                d: tuple((i, b.w[i], b.a[i], b.a2[i], b.r[i]) for i in range(_BINS) if b.w[i] > _NEGLIGIBLE)
+                d: tuple(
+                    (i, b.w[i], b.a[i], b.a2[i], b.r[i])
+                    for i in range(_BINS)
+                    if b.w[i] > _NEGLIGIBLE
+                )
                 for d, b in sorted(self._bins.items())
             },
             self.samples,
