@@ -90,14 +90,15 @@ def time_tick(
     block_size = 512
     hops = 8 if change else 1
     options: dict[str, object] = {"degrees": degrees, "persist_windows": 1, "check_hops": hops}
-    if threads > 1:
-        if "whatif_threads" not in {f.name for f in dataclasses.fields(planner.PlannerSettings)}:
-            raise SystemExit("this checkout's controller has no whatif_threads")
-        options["whatif_threads"] = threads
-    if rows is not None:
-        if "whatif_rows" not in {f.name for f in dataclasses.fields(planner.PlannerSettings)}:
-            raise SystemExit("this checkout's controller has no whatif_rows")
-        options["whatif_rows"] = rows
+    fields = {f.name for f in dataclasses.fields(planner.PlannerSettings)}
+    for name, value in (
+        ("whatif_threads", threads if threads > 1 else None),
+        ("whatif_rows", rows),
+    ):
+        if value is not None:
+            if name not in fields:
+                raise SystemExit(f"this checkout's controller has no {name}")
+            options[name] = value
     settings = planner.PlannerSettings(**options)  # type: ignore[arg-type]
     layout = planner.layout_for(Composition.parse(comp))
     running = {s.worker: (s.worker % 7) * 0.1 for s in layout.slots}

@@ -515,16 +515,18 @@ class Controller:
         self._last_move: tuple[str, int] | None = None
         """Direction and evaluation of the last move the check let start."""
         self.slo = slo or SloRule()
-        self.learner = kappa.CapacityLearner(capacity) if settings.learn_capacity else None
+        learned = None if memory is None else memory.kappa
+        self.learner = (
+            kappa.CapacityLearner(capacity, learned=learned) if settings.learn_capacity else None
+        )
         """The online correction of κ (None: the shipped κ as it is). Its samples come
         from :meth:`placed` / :meth:`completed` (a shell with the prefill model, which
         sets each request's τ) or as sums (:meth:`capacity_reported`)."""
         self.samples = kappa.SampleBook(hops_per_sample=settings.hops_per_window)
         self._degrees: tuple[planner.Layout, dict[int, int]] | None = None
+        if self.learner is not None and learned is not None:
+            self.capacity = self.learner.profile()
         if memory is not None:
-            if self.learner is not None and memory.kappa is not None:
-                self.learner = kappa.CapacityLearner(capacity, learned=memory.kappa)
-                self.capacity = self.learner.profile()
             self._evaluations = memory.evaluations
             self._flaps = deque(memory.flaps)
             self._last_move = memory.last_move
@@ -831,7 +833,7 @@ class Controller:
         the check's own) is made only if it pays on them too. Persistence is
         counted on whole disjoint windows only."""
         layout = before.layout
-        probes = {d: self._probes(layout, obs.workers, d) for d in ("split", "merge")}
+        probes = {d: self._probes(layout, obs.workers, d) for d in _DIRECTIONS}
         probes = self._affordable(probes, replays, since)
         recent, early = None, None
         if since is not None:
