@@ -1,0 +1,65 @@
+"""The family benchmark's draws (``bench/families.py --draws``): successive stretches of
+a cell's resampled source, each after a warm-up that is served but not scored."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from vertumnus.core.metrics import Completion
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _families():
+    spec = importlib.util.spec_from_file_location("families", ROOT / "bench/families.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_draw_is_a_stretch_of_the_resampled_source_after_its_warm_up():
+    from vertumnus.sim.phases import apply_phases
+
+    f = _families()
+    stored, scale = f.workload("toolagent", "light")
+    second, scale1 = f.workload("toolagent", "light", 1)
+    assert scale == scale1
+    arrivals = [r.arrival_s for r in second]
+    assert arrivals[0] >= 0.0 and arrivals[-1] < f.WARMUP_S + f.DURATION_S
+    assert [r.id for r in second] == list(range(len(second)))
+    # The source resampled over DURATION_S + WARMUP_S + DURATION_S, from DURATION_S
+    # on, moved back by it.
+    stream, _ = apply_phases(
+        f.FAMILIES["toolagent"][1](), f"{2 * f.DURATION_S + f.WARMUP_S:g}s:rate={scale:.6g}"
+    )
+    later = [r for r in stream if r.arrival_s >= f.DURATION_S]
+    assert len(later) == len(second)
+    for a, b in zip(later[:50], second.requests[:50], strict=True):
+        assert b.arrival_s == pytest.approx(a.arrival_s - f.DURATION_S)
+        assert (a.length, a.block_keys) == (b.length, b.block_keys)
+    # The same load as the stored stretch: as many requests per second, to a few percent.
+    rate = len(second) / (f.WARMUP_S + f.DURATION_S)
+    assert rate == pytest.approx(len(stored) / f.DURATION_S, rel=0.05)
+
+
+def test_only_what_follows_the_warm_up_is_scored():
+    f = _families()
+
+    def done(arrival: float) -> Completion:
+        return Completion(0, arrival, 100, 0, 0.1, 0, 4, 1.0)
+
+    completions = [done(t) for t in (0.0, f.WARMUP_S - 1e-6, f.WARMUP_S, 900.0)]
+    assert [c.arrival_s for c in f.scored(completions, 0)] == [f.WARMUP_S, 900.0]
+    assert f.scored(completions, None) == completions
+
+
+def test_bad_draws_are_refused_by_name(capsys):
+    f = _families()
+    for bad in ("x", "0,-1", ""):
+        with pytest.raises(SystemExit):
+            f.main(["--draws", bad])
+        assert "--draws" in capsys.readouterr().err
