@@ -248,6 +248,7 @@ def encode_memory(m: Memory) -> dict[str, Any]:
         "lastMove": None if m.last_move is None else list(m.last_move),
         "streak": list(m.streak),
         "lean": [m.lean[0], list(m.lean[1])],
+        "looks": [m.looks[0], [list(look) for look in m.looks[1]]],
         "goal": None if m.goal is None else [m.goal[0], str(m.goal[1])],
         "kappa": None if m.kappa is None else _encode_learned(m.kappa),
     }
@@ -309,6 +310,14 @@ def decode_memory(raw: Mapping[str, Any], where: str = "status.state.memory") ->
     lean = pair("lean", (str, list)) or ["", []]
     if not all(isinstance(g, (int, float)) for g in lean[1]):
         raise StateError(f"{where}.lean: expected gains (numbers), got {lean[1]!r}")
+    looks = pair("looks", (str, list)) or ["", []]
+    if not all(
+        isinstance(x, list) and len(x) == 2 and all(isinstance(g, (int, float)) for g in x)
+        for x in looks[1]
+    ):
+        raise StateError(
+            f"{where}.looks: expected [split gain, merge gain] pairs, got {looks[1]!r}"
+        )
     goal = pair("goal", (str, str))
     learned = raw.get("kappa")
     kappa = None if learned is None else _decode_learned(learned, f"{where}.kappa")
@@ -319,6 +328,7 @@ def decode_memory(raw: Mapping[str, Any], where: str = "status.state.memory") ->
             last_move=None if last is None else (last[0], last[1]),
             streak=(streak[0], streak[1]),
             lean=(lean[0], tuple(float(g) for g in lean[1])),
+            looks=(looks[0], tuple((float(a), float(b)) for a, b in looks[1])),
             goal=None if goal is None else (goal[0], Composition.parse(goal[1])),
             kappa=kappa,
         )

@@ -172,6 +172,39 @@ def test_the_check_moves_on_its_own_after_persist_windows(model):
     assert ctl.state.target is None and ctl.state.pending == ()
 
 
+def test_a_move_by_persistence_needs_the_looks_between_to_agree(model):
+    # The burst window of the test above pays a split by the margin, not decisively,
+    # and the streak says the window before paid too. What the looks of the last
+    # persist_windows windows estimated (given as the controller's memory, one look
+    # per window here) decides: on average they must not say the split loses.
+    from vertumnus.core.control import Memory
+
+    huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
+    layout = planner.layout_for(Composition.parse("CP8"), 8)
+    on = str(layout.composition)
+
+    def verdict(looks, agree=True):  # type: ignore[no-untyped-def]
+        ps = settings(persist_windows=2, min_requests=4, whatif_decisive=1.0,
+                      whatif_accumulate=False, whatif_agree=agree)  # fmt: skip
+        memory = Memory(streak=("split", 1), looks=looks)
+        ctl = Controller(planner.initial_state(layout), huge, ps, model, memory=memory)
+        feed(ctl, [(0.0, 100)] + [(2.0, 6000)] * 6)
+        tick = ctl.tick({0: 0.0}, reconfiguring=False)
+        assert tick is not None and tick.whatif is not None
+        gain = 1.0 - tick.whatif.best.mean_s / tick.whatif.current.mean_s
+        assert 0.03 <= gain < 0.5  # pays the margin, and a look at -0.5 outweighs it
+        return tick.whatif.verdict, ctl.memory().looks
+
+    assert verdict((on, ((0.0, 0.0),)))[0] == "trigger"
+    # The look before estimated that a split loses half the mean: no move yet...
+    said, looks = verdict((on, ((-0.5, 0.0),)))
+    assert said == "wait"
+    assert looks[0] == on and len(looks[1]) == 2 and looks[1][0] == (-0.5, 0.0)
+    # ... unless the looks are not asked, or were taken on another composition.
+    assert verdict((on, ((-0.5, 0.0),)), agree=False)[0] == "trigger"
+    assert verdict(("2xCP4", ((-0.5, 0.0),)))[0] == "trigger"
+
+
 def test_a_decisive_gain_moves_after_one_window(model):
     huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
     layout = planner.layout_for(Composition.parse("CP8"), 8)
@@ -712,7 +745,9 @@ def test_a_restarted_controller_given_its_memory_stays_damped(model):
     again = Controller(ctl.state, planner.CapacityProfile({4: 1.0, 8: 1.0}), ps, model,
                        memory=memory)  # fmt: skip
     assert again.memory() == memory
-    assert memory.without_plans() == replace(memory, streak=("", 0), lean=("", ()), goal=None)
+    assert memory.without_plans() == replace(
+        memory, streak=("", 0), lean=("", ()), looks=("", ()), goal=None
+    )
 
 
 def test_a_memory_that_cannot_be_refuses_to_restore():
@@ -732,6 +767,8 @@ def test_a_memory_that_cannot_be_refuses_to_restore():
         Memory(goal=("", Composition.parse("CP8")))
     with pytest.raises(ValueError, match="evaluations must be >= 0"):
         Memory(evaluations=-1)
+    with pytest.raises(ValueError, match="looks: each look is a"):
+        Memory(looks=("CP8", ((0.1,),)))
 
 
 def test_splits_are_never_damped_and_flaps_age_out(model):

@@ -110,6 +110,7 @@ def test_the_controllers_memory_round_trips_and_a_bad_one_names_the_field():
         last_move=("split", 31),
         streak=("merge", 1),
         lean=("merge", (0.012, 0.02, -0.0)),
+        looks=("2xCP4+1xCP8", ((0.01, -0.04), (-0.2, 0.031))),
         goal=("merge", planner.Composition.parse("2xCP4+1xCP8")),
         kappa=LearnedBins({4: ((3, 0.7, 0.65, 0.61, 0.3), (17, 1.9, 1.1, 0.7, 1.6))}, 41),
     )
@@ -129,6 +130,7 @@ def test_the_controllers_memory_round_trips_and_a_bad_one_names_the_field():
         ("lastMove", ["sideways", 3], r"status.state.memory: memory last_move: direction"),
         ("streak", ["merge"], r"status.state.memory.streak: expected \[direction, value\]"),
         ("lean", ["merge", ["x"]], r"status.state.memory.lean: expected gains"),
+        ("looks", ["CP8", [[0.1]]], r"status.state.memory.looks: expected \[split gain"),
         ("goal", ["merge", "CP8 and more"], r"status.state.memory: bad composition term"),
         ("kappa", {"bins": {"4": [[3, 0.7]]}}, r"status.state.memory.kappa.bins.4: expected"),
         ("kappa", {"bins": {"4": [[99, 1, 1, 1, 1]]}}, r"memory.kappa: .*bin 99 is not in"),

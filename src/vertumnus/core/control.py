@@ -281,6 +281,9 @@ class Memory:
     """Direction of the candidate that paid in the last disjoint windows, and for how many."""
     lean: tuple[str, tuple[float, ...]] = ("", ())
     """Direction of the small gains adding up, and each window's gain."""
+    looks: tuple[str, tuple[tuple[float, float], ...]] = ("", ())
+    """The composition the last looks were on, and each look's best estimated gain
+    toward a split and toward a merge (``PlannerSettings.whatif_agree``)."""
     goal: tuple[str, Composition] | None = None
     """Direction and target of a move the what-if check started and has not finished."""
     kappa: kappa.LearnedBins | None = None
@@ -310,14 +313,18 @@ class Memory:
         if self.streak[1] < 0:
             raise ValueError(f"memory streak count must be >= 0, got {self.streak[1]}")
         direction(self.lean[0], "lean", empty=True)
+        if any(len(look) != len(_DIRECTIONS) for look in self.looks[1]):
+            raise ValueError(
+                f"memory looks: each look is a (split, merge) pair of gains, got {self.looks[1]}"
+            )
         if self.goal is not None:
             direction(self.goal[0], "goal", empty=False)
 
     def without_plans(self) -> Memory:
         """The facts only: what happened (evaluations, flaps, the last move, the learned
-        κ), not what was under way (streak, lean, goal) — for a controller whose
-        planner state was dropped because the pool was reshaped by hand."""
-        return replace(self, streak=("", 0), lean=("", ()), goal=None)
+        κ), not what was under way (streak, lean, looks, goal) — for a controller
+        whose planner state was dropped because the pool was reshaped by hand."""
+        return replace(self, streak=("", 0), lean=("", ()), looks=("", ()), goal=None)
 
 
 @dataclass(frozen=True)
@@ -506,6 +513,10 @@ class Controller:
         """Direction the best candidate gained in over the last windows, and each
         window's gain (``whatif_accumulate``; the last ``_LEAN_MAX`` · ``persist_windows``),
         margin or not."""
+        self._looks: tuple[str, tuple[tuple[float, float], ...]] = ("", ())
+        """The composition the last looks were on, and at each (the last
+        ``persist_windows`` windows' worth) the best estimated gain toward a split
+        and toward a merge (``whatif_agree``)."""
         self._evaluations = 0
         """Windows evaluated so far (one per hop once the first window is full)."""
         self._goal: tuple[str, Composition] | None = None
@@ -532,6 +543,7 @@ class Controller:
             self._last_move = memory.last_move
             self._streak = memory.streak
             self._lean = memory.lean
+            self._looks = memory.looks
             self._goal = memory.goal
 
     def memory(self) -> Memory:
@@ -543,6 +555,7 @@ class Controller:
             last_move=self._last_move,
             streak=self._streak,
             lean=self._lean,
+            looks=self._looks,
             goal=self._goal,
             kappa=None if self.learner is None else self.learner.learned(),
         )
@@ -957,6 +970,7 @@ class Controller:
         weighed = self._weigh(replays, probes, started)
         paths, current, candidates = weighed.paths, weighed.current, weighed.candidates
         best, decisive = weighed.best, weighed.decisive is not None
+        self._look(paths, current)
         if ops:
             direction = _direction(ops)
             target = self.state.target or self._after(layout, ops)
@@ -992,12 +1006,40 @@ class Controller:
         else:
             n = self._streak[1] + 1 if self._streak[0] == best[0] else 1
             self._streak = (best[0], n)
-            if n >= ps.persist_windows or decisive:
+            if decisive or (n >= ps.persist_windows and self._agree(best[0])):
                 return self._move(before, best, current, candidates, None, "trigger", replays)
         leaning = self._leaning(paths, current)
         if leaning is not None:
             return self._move(before, leaning, current, candidates, None, "trigger", replays)
         return WhatIf(current, candidates, None, "stay" if best is None else "wait"), ()
+
+    def _look(
+        self,
+        paths: Mapping[str, list[tuple[list[planner.PathStep], whatif.Estimate]]],
+        current: whatif.Estimate,
+    ) -> None:
+        """Record this look's best estimated gain each way (``whatif_agree``); the
+        looks on another composition are dropped, their gains were against it. A
+        direction with no candidate counts 0: that look says nothing of it."""
+        if current.mean_s <= 0:
+            return
+        split, merge = (
+            max((1.0 - e.mean_s / current.mean_s for _, e in paths[d]), default=0.0)
+            for d in _DIRECTIONS
+        )
+        on = str(current.composition)
+        kept = self._looks[1] if self._looks[0] == on else ()
+        last = self.settings.persist_windows * self.settings.hops_per_window
+        self._looks = (on, (*kept, (split, merge))[-last:])
+
+    def _agree(self, direction: str) -> bool:
+        """The looks of the last ``persist_windows`` windows do not, on average,
+        estimate that a move ``direction`` loses (``whatif_agree``)."""
+        looks = self._looks[1]
+        if not self.settings.whatif_agree or not looks:
+            return True
+        i = _DIRECTIONS.index(direction)
+        return sum(look[i] for look in looks) / len(looks) >= 0.0
 
     def _leaning(
         self,

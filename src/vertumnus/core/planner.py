@@ -260,6 +260,17 @@ class PlannerSettings:
     shrinks as 1/√k. Meets the phases whose best composition is 1–3 % better,
     which the margin alone never does. False: the margin's persistence only
     (docs/benchmarks/adaptive.md, "Small gains that add up")."""
+    whatif_agree: bool = True
+    """A move by persistence also needs the looks between its windows to agree.
+    Persistence counts whole disjoint windows, every ``check_hops``-th look, and
+    two of them can each pay the margin while most looks between (on windows
+    that share most of their requests) estimate that the same move loses: a
+    gain at the edge of the estimate's noise. With this, the best estimated
+    gain of the move's direction, averaged over every look on the current
+    composition in the last ``persist_windows`` windows, must not be negative
+    either. Decisive gains and small gains that add up are not affected. False:
+    the whole windows alone (docs/benchmarks/adaptive.md, "Three draws of
+    every family cell, and the looks between must agree")."""
     whatif_change: float = 25.0
     """When the window's arrivals changed within it, the what-if check judges on
     the requests since the change, not on the whole window: the likelihood-ratio
