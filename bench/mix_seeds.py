@@ -2,11 +2,12 @@
 
 One draw of a mix says little: on the 5-minute-phase calibration mix the
 share of the oracle's gain that ``vertumnus-adaptive`` captured ranged from
-12 % to 78 % over six seeds (70-95 % since, docs/benchmarks/adaptive.md). This runs, for each mix and seed, every fixed
-composition of the CP4/CP8 lattice (for the best single one and the per-phase
-oracle, as ``bench/time_varying.py`` defines them) and the adaptive pool
-under each ``--planner`` setting, side by side on the same draws, and reports
-the captured share per draw, per mix (mean and least) and overall.
+12 % to 78 % over six seeds (70-95 % since, docs/benchmarks/adaptive.md). This
+runs, for each mix and seed, every fixed composition of the CP4/CP8 lattice
+(for the best single one and the per-phase oracle, as ``bench/time_varying.py``
+defines them) and the adaptive pool under each ``--planner`` setting, side by
+side on the same draws, and reports the captured share per draw, per mix (mean
+and least) and overall.
 
 Writes ``docs/benchmarks/adaptive_mix_seeds.json``. Run::
 

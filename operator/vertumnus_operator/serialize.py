@@ -290,13 +290,13 @@ def _decode_learned(raw: Any, where: str) -> LearnedBins:
 
 
 def decode_memory(raw: Mapping[str, Any], where: str = "status.state.memory") -> Memory:
-    def pair(key: str, kinds: tuple[type, type]) -> Any:
+    def pair(key: str, kinds: tuple[type, type], shape: str = "[direction, value]") -> Any:
         value = raw.get(key)
         if value is None:
             return None
         ok = isinstance(value, list) and len(value) == 2
         if not ok or not all(isinstance(v, k) for v, k in zip(value, kinds, strict=True)):
-            raise StateError(f"{where}.{key}: expected [direction, value], got {value!r}")
+            raise StateError(f"{where}.{key}: expected {shape}, got {value!r}")
         return value
 
     evaluations = raw.get("evaluations", 0)
@@ -310,7 +310,7 @@ def decode_memory(raw: Mapping[str, Any], where: str = "status.state.memory") ->
     lean = pair("lean", (str, list)) or ["", []]
     if not all(isinstance(g, (int, float)) for g in lean[1]):
         raise StateError(f"{where}.lean: expected gains (numbers), got {lean[1]!r}")
-    looks = pair("looks", (str, list)) or ["", []]
+    looks = pair("looks", (str, list), "[composition, [[split gain, merge gain], ...]]") or ["", []]
     if not all(
         isinstance(x, list) and len(x) == 2 and all(isinstance(g, (int, float)) for g in x)
         for x in looks[1]

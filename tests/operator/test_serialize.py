@@ -131,6 +131,7 @@ def test_the_controllers_memory_round_trips_and_a_bad_one_names_the_field():
         ("streak", ["merge"], r"status.state.memory.streak: expected \[direction, value\]"),
         ("lean", ["merge", ["x"]], r"status.state.memory.lean: expected gains"),
         ("looks", ["CP8", [[0.1]]], r"status.state.memory.looks: expected \[split gain"),
+        ("looks", ["CP8"], r"status.state.memory.looks: expected \[composition, "),
         ("goal", ["merge", "CP8 and more"], r"status.state.memory: bad composition term"),
         ("kappa", {"bins": {"4": [[3, 0.7]]}}, r"status.state.memory.kappa.bins.4: expected"),
         ("kappa", {"bins": {"4": [[99, 1, 1, 1, 1]]}}, r"memory.kappa: .*bin 99 is not in"),

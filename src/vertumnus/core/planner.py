@@ -323,8 +323,9 @@ class PlannerSettings:
     The compiled replay takes ~0.1 µs per request on one core, so the default
     keeps a look within ~35 ms of replays, and the decision within the 50 ms
     target at 1,024 GPUs and 0.75 requests/s per GPU (the request tables it
-    does not bound grow with the window: 59 ms at twice that rate); past it the shortest steps of each path are not
-    probed (:meth:`vertumnus.core.control.Controller._affordable`). A 40-GPU
+    does not bound grow with the window: 59 ms at twice that rate); past it
+    the shortest steps of each path are not probed
+    (:meth:`vertumnus.core.control.Controller._affordable`). A 40-GPU
     pool's look needs a tenth of it (docs/benchmarks/adaptive.md, "A bound on a
     look's replays")."""
     learn_capacity: bool = False
