@@ -63,3 +63,60 @@ def test_bad_draws_are_refused_by_name(capsys):
         with pytest.raises(SystemExit):
             f.main(["--draws", bad])
         assert "--draws" in capsys.readouterr().err
+
+
+def test_a_replica_moves_every_arrival_by_less_than_the_jitter_and_nothing_else():
+    f = _families()
+    trace, _ = f.workload("toolagent", "light", 0)
+    assert f.replica(trace, 0) is trace
+    one, again, two = f.replica(trace, 1), f.replica(trace, 1), f.replica(trace, 2)
+    assert [r.arrival_s for r in one] == [r.arrival_s for r in again]  # seeded
+    assert [r.arrival_s for r in one] != [r.arrival_s for r in two]
+    # Sorted by arrival again, so match each request by what it is.
+    by_content = {(r.length, r.block_keys): r.arrival_s for r in trace}
+    assert len(by_content) == len(trace)
+    assert len(one) == len(trace)
+    shifts = [r.arrival_s - by_content[(r.length, r.block_keys)] for r in one]
+    assert min(shifts) >= 0.0 and max(shifts) < f.JITTER_S
+    assert [r.arrival_s for r in one] == sorted(r.arrival_s for r in one)
+
+
+def test_a_cell_of_several_copies_is_judged_on_their_means():
+    f = _families()
+
+    def copy(adaptive: tuple[float, float], a: tuple[float, float], b: tuple[float, float]):
+        def run(mean: float, p90: float) -> dict[str, float]:
+            return {"mean_ttft_s": mean, "p90_ttft_s": p90, "token_hit_rate": 0.5}
+
+        return {
+            "family": "toolagent",
+            "draw": 0,
+            "runs": {
+                "vertumnus-adaptive": {**run(*adaptive), "reconfigurations": 1},
+                "vertumnus:A": run(*a),
+                "vertumnus:B": run(*b),
+            },
+        }
+
+    # A is luckier on copy 0, B better on average.
+    cell = f.combine(
+        [copy((1.0, 2.0), (0.9, 2.0), (1.0, 2.0)), copy((1.0, 2.0), (1.3, 2.4), (1.0, 2.0))]
+    )
+    assert cell["replicas"] == 2
+    assert cell["best_fixed_mean"] == "vertumnus:B" and cell["best_fixed_p90"] == "vertumnus:B"
+    assert cell["adaptive_vs_best_mean"] == pytest.approx(1.0)
+    assert cell["replica0_adaptive_vs_best"][0] == pytest.approx(1.0 / 0.9)
+    assert cell["runs"]["vertumnus:A"]["replicas"] == [[0.9, 2.0], [1.3, 2.4]]
+    assert cell["runs"]["vertumnus:A"]["mean_ttft_s"] == pytest.approx(1.1)
+    assert cell["best_fixed_spread"] == [0.0, 0.0]
+    # One copy: the cell as it was, without the replica fields.
+    single = f.combine([copy((1.0, 2.0), (0.9, 2.0), (1.0, 2.0))])
+    assert single["best_fixed_mean"] == "vertumnus:A" and "replicas" not in single
+
+
+def test_bad_replicas_are_refused_by_name(capsys):
+    f = _families()
+    for bad in ("0", "x", "-2"):
+        with pytest.raises(SystemExit):
+            f.main(["--replicas", bad])
+        assert "--replicas" in capsys.readouterr().err
