@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-from tests.conftest import MOONCAKE, needs
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import MOONCAKE, bench_script, needs
 
 
 @needs(MOONCAKE)
 def test_cache_ablation_writes_json_and_plot(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location(
-        "cache_ablation", ROOT / "bench" / "cache_ablation.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = bench_script("cache_ablation.py")
     out = tmp_path / "ablation.json"
     args = ["--trace", str(MOONCAKE), "--rates", "4", "--seeds", "2", "--limit", "300"]
     assert mod.main([*args, "--jobs", "1", "--out", str(out)]) == 0

@@ -12,29 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib.util
-import sys
-from pathlib import Path
 
 import grpc
 import pytest
 
+from tests.conftest import bench_script
 from vertumnus._proto import pool_pb2, pool_pb2_grpc, worker_pb2_grpc
 from vertumnus.router.serve import start_router
 from vertumnus.router.settings import RouterSettings
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def _instant():  # type: ignore[no-untyped-def]
-    name = "vertumnus_bench_instant_engine"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "instant_engine.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+def _instant():
+    return bench_script("instant_engine.py")
 
 
 class Scripted:

@@ -3,28 +3,16 @@ a cell's resampled source, each after a warm-up that is served but not scored.""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
+from tests.conftest import bench_script
 from vertumnus.core.metrics import Completion
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _families():
-    spec = importlib.util.spec_from_file_location("families", ROOT / "bench/families.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_a_draw_is_a_stretch_of_the_resampled_source_after_its_warm_up():
     from vertumnus.sim.phases import apply_phases
 
-    f = _families()
+    f = bench_script("families.py")
     stored, scale = f.workload("toolagent", "light")
     second, scale1 = f.workload("toolagent", "light", 1)
     assert scale == scale1
@@ -47,7 +35,7 @@ def test_a_draw_is_a_stretch_of_the_resampled_source_after_its_warm_up():
 
 
 def test_only_what_follows_the_warm_up_is_scored():
-    f = _families()
+    f = bench_script("families.py")
 
     def done(arrival: float) -> Completion:
         return Completion(0, arrival, 100, 0, 0.1, 0, 4, 1.0)
@@ -57,16 +45,8 @@ def test_only_what_follows_the_warm_up_is_scored():
     assert f.scored(completions, None) == completions
 
 
-def test_bad_draws_are_refused_by_name(capsys):
-    f = _families()
-    for bad in ("x", "0,-1", ""):
-        with pytest.raises(SystemExit):
-            f.main(["--draws", bad])
-        assert "--draws" in capsys.readouterr().err
-
-
 def test_a_replica_moves_every_arrival_by_less_than_the_jitter_and_nothing_else():
-    f = _families()
+    f = bench_script("families.py")
     trace, _ = f.workload("toolagent", "light", 0)
     assert f.replica(trace, 0) is trace
     one, again, two = f.replica(trace, 1), f.replica(trace, 1), f.replica(trace, 2)
@@ -82,7 +62,7 @@ def test_a_replica_moves_every_arrival_by_less_than_the_jitter_and_nothing_else(
 
 
 def test_a_cell_of_several_copies_is_judged_on_their_means():
-    f = _families()
+    f = bench_script("families.py")
 
     def copy(adaptive: tuple[float, float], a: tuple[float, float], b: tuple[float, float]):
         def run(mean: float, p90: float) -> dict[str, float]:
@@ -114,9 +94,11 @@ def test_a_cell_of_several_copies_is_judged_on_their_means():
     assert single["best_fixed_mean"] == "vertumnus:A" and "replicas" not in single
 
 
-def test_bad_replicas_are_refused_by_name(capsys):
-    f = _families()
-    for bad in ("0", "x", "-2"):
-        with pytest.raises(SystemExit):
-            f.main(["--replicas", bad])
-        assert "--replicas" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("flag", "bad"),
+    [("--draws", b) for b in ("x", "0,-1", "")] + [("--replicas", b) for b in ("0", "x", "-2")],
+)
+def test_bad_draws_and_replicas_are_refused_by_name(capsys, flag, bad):
+    with pytest.raises(SystemExit):
+        bench_script("families.py").main([flag, bad])
+    assert flag in capsys.readouterr().err

@@ -6,31 +6,17 @@ two agree to the float; that is the base the bias is measured from
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
+from tests.conftest import bench_script
 from vertumnus.core.placement import PlacementParams
 from vertumnus.core.types import Composition
 from vertumnus.profiles import load_model
 from vertumnus.sim.traces import load_trace
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench():
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("whatif_vs_sim", ROOT / "bench/whatif_vs_sim.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_without_reuse_the_replay_is_the_simulator():
-    b = _bench()
+    b = bench_script("whatif_vs_sim.py")
     trace = load_trace("synthetic:duration_s=120,mean_rate=30", seed=3)
     requests = b.without_reuse(list(trace.requests), 2.0)
     keys = [k for q in requests for k in q.block_keys]
@@ -49,7 +35,7 @@ def test_without_reuse_the_replay_is_the_simulator():
 
 
 def test_bad_arguments_are_refused_by_name(capsys):
-    b = _bench()
+    b = bench_script("whatif_vs_sim.py")
     with pytest.raises(SystemExit):
         b.main(["--trace", "synthetic:duration_s=10", "--no-reuse", "0"])
     assert "--no-reuse" in capsys.readouterr().err

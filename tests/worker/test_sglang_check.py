@@ -10,22 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import bench_script
 from vertumnus.profiles import read_profile_csv
 
 from .conftest import free_ports
 
-ROOT = Path(__file__).resolve().parents[2]
 STANDIN = Path(__file__).with_name("sglang_standin.py")
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location(
-        "sglang_check", ROOT / "bench/gpu/sglang_check.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("gpu/sglang_check.py")
 
 
 def test_arguments_are_checked(tmp_path, capsys):
