@@ -254,6 +254,11 @@ def encode_memory(m: Memory) -> dict[str, Any]:
     }
 
 
+def _numbers(values: Any) -> bool:
+    """Every value is a JSON number."""
+    return all(isinstance(x, (int, float)) for x in values)
+
+
 def _encode_learned(k: LearnedBins) -> dict[str, Any]:
     # Only the bins with weight: a few of the 60 per degree in a steady pool.
     return {
@@ -272,7 +277,7 @@ def _decode_learned(raw: Any, where: str) -> LearnedBins:
             isinstance(row, list)
             and len(row) == 5
             and isinstance(row[0], int)
-            and all(isinstance(x, (int, float)) for x in row[1:])
+            and _numbers(row[1:])
             for row in rows
         )
         if not ok:
@@ -308,13 +313,10 @@ def decode_memory(raw: Mapping[str, Any], where: str = "status.state.memory") ->
     last = pair("lastMove", (str, int))
     streak = pair("streak", (str, int)) or ["", 0]
     lean = pair("lean", (str, list)) or ["", []]
-    if not all(isinstance(g, (int, float)) for g in lean[1]):
+    if not _numbers(lean[1]):
         raise StateError(f"{where}.lean: expected gains (numbers), got {lean[1]!r}")
     looks = pair("looks", (str, list), "[composition, [[split gain, merge gain], ...]]") or ["", []]
-    if not all(
-        isinstance(x, list) and len(x) == 2 and all(isinstance(g, (int, float)) for g in x)
-        for x in looks[1]
-    ):
+    if not all(isinstance(x, list) and len(x) == 2 and _numbers(x) for x in looks[1]):
         raise StateError(
             f"{where}.looks: expected [split gain, merge gain] pairs, got {looks[1]!r}"
         )
