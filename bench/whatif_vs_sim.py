@@ -16,11 +16,17 @@ stretch of a workload, so that a bias shows as two ratios that disagree:
 ``--no-reuse SCALE`` gives every request unique block keys (no prefix reuse at
 all) and stretches arrivals by SCALE to keep the load comparable: the check of
 queueing and placement alone. ``--beta-busy`` sets β_busy on both sides.
+``--ties first`` adds a third column: the replay breaking ties as placement
+does (of equal costs the lower worker, so the first idle worker takes a request
+no cache draws) instead of giving it the longest-idle worker, as the shipped
+replay does (:func:`first_idle_replay`; docs/benchmarks/adaptive.md, "Where
+the estimate's bias comes from: which idle worker").
 
     python bench/whatif_vs_sim.py --family toolagent --load moderate --draw 1
     python bench/whatif_vs_sim.py --trace synthetic:preset=toolagent,mean_rate=44,duration_s=900
     python bench/whatif_vs_sim.py --trace synthetic:preset=toolagent,mean_rate=44,duration_s=900 \\
         --no-reuse 4.5
+    python bench/whatif_vs_sim.py --family toolagent --load moderate --draw 1 --ties first
 
 Prints one line per composition; ~30 s per run on 2 cores.
 """
@@ -28,9 +34,13 @@ Prints one line per composition; ~30 s per run on 2 cores.
 from __future__ import annotations
 
 import argparse
+import heapq
+import math
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -69,15 +79,126 @@ def without_reuse(requests: list[Request], scale: float) -> list[Request]:
     ]
 
 
+def first_idle_replay(
+    table: whatif.RequestTable,
+    index: Sequence[int],
+    worker_starts: Sequence[Sequence[float]],
+    lam_terms: Sequence[float],
+    beta: float,
+    extra: float,
+) -> list[float]:
+    """:func:`vertumnus.core.whatif.replay_py` with placement's tie-break: of equal
+    costs the lower worker, so a degree's first candidate is its idle worker of the
+    lowest index (every idle worker waits 0), else its least-loaded one. The
+    shipped replay takes the least (free time, worker): the longest-idle worker.
+    Same arguments, per request its TTFT."""
+    arrivals, reused, carries = table.lists()
+    hits = [table.hit[k].tolist() for k in index]
+    misses = [table.miss[k].tolist() for k in index]
+    # Per degree the workers busy at the last arrival (a heap of (free time,
+    # worker)) and the idle ones (a heap of workers); both lazy: a busy entry is
+    # current while it equals free[worker], an idle one while the worker is free.
+    free: list[float] = []
+    row_of: list[int] = []
+    busy: list[list[tuple[float, int]]] = []
+    idle: list[list[int]] = []
+    for k, frees in enumerate(worker_starts):
+        heap = [(f, len(free) + j) for j, f in enumerate(frees)]
+        free.extend(frees)
+        row_of.extend([k] * len(frees))
+        heapq.heapify(heap)
+        busy.append(heap)
+        idle.append([])
+    n_workers = len(free)
+    last_start = [0.0] * n_workers
+    waiting: set[int] = set()
+    pending: list[tuple[float, int]] = []
+    holders: dict[int, dict[int, None]] = {}
+    ttft: list[float] = []
+    for i, a in enumerate(arrivals):
+        while pending and pending[0][0] <= a:
+            s0, w0 = heapq.heappop(pending)
+            if last_start[w0] == s0:
+                waiting.discard(w0)
+        b = beta + extra * len(waiting) / n_workers if extra != 0.0 else beta
+        hold = holders.get(reused[i], {}) if reused[i] >= 0 else {}
+        candidates = []
+        for k in range(len(busy)):
+            heap, free_ones = busy[k], idle[k]
+            while heap and (heap[0][0] != free[heap[0][1]] or heap[0][0] <= a):
+                f, w = heapq.heappop(heap)
+                if f == free[w]:
+                    heapq.heappush(free_ones, w)
+            while free_ones and free[free_ones[0]] > a:
+                heapq.heappop(free_ones)
+            candidates.append(free_ones[0] if free_ones else heap[0][1])
+        candidates.extend(hold)
+        best: tuple[float, int] = (math.inf, -1)
+        best_start = best_e = 0.0
+        for w in candidates:
+            k = row_of[w]
+            e = hits[k][i] if w in hold else misses[k][i]
+            start = max(free[w], a)
+            cost = (start - a) + (b + lam_terms[k]) * e
+            if (cost, w) < best:
+                best, best_start, best_e = (cost, w), start, e
+        w = best[1]
+        if w < 0:
+            ttft.append(math.nan)
+            continue
+        free[w] = best_start + best_e
+        heapq.heappush(busy[row_of[w]], (free[w], w))
+        last_start[w] = best_start
+        if best_start > a:
+            waiting.add(w)
+            heapq.heappush(pending, (best_start, w))
+        for pid in carries[i]:
+            held = holders.setdefault(pid, {})
+            if w in held:
+                del held[w]
+            elif len(held) >= whatif.HOLDERS:
+                del held[next(iter(held))]
+            held[w] = None
+        ttft.append(free[w] - a)
+    return ttft
+
+
+def first_idle_mean(
+    table: whatif.RequestTable, comp: Composition, params: PlacementParams
+) -> float:
+    """Mean TTFT of ``table`` on a fixed ``comp`` by :func:`first_idle_replay`."""
+    degs = sorted(set(comp.degrees))
+    values = first_idle_replay(
+        table,
+        [table.degrees.index(d) for d in degs],
+        [[0.0] * comp.degrees.count(d) for d in degs],
+        [params.lam * (d / degs[0] - 1.0) for d in degs],
+        params.beta,
+        params.beta_busy - params.beta,
+    )
+    return sum(values) / len(values)
+
+
+class Comparison(NamedTuple):
+    """Per composition, mean TTFT without T_ext of the scored requests."""
+
+    sim_s: list[float]
+    replay_s: list[float]
+    requests: int
+    first_idle_s: list[float]
+    """The replay with placement's tie-break (empty unless asked for)."""
+
+
 def compare(
     requests: list[Request],
     block_size: int,
     comps: list[Composition],
     params: PlacementParams,
     skip_s: float,
-) -> tuple[list[float], list[float], int]:
-    """Per composition, the simulator's and the replay's mean TTFT (without T_ext) of
-    the requests from ``skip_s`` on, and how many they are (module docstring)."""
+    first_idle: bool = False,
+) -> Comparison:
+    """The simulator and the replay (with ``first_idle``, also the replay with
+    placement's tie-break) on the requests from ``skip_s`` on (module docstring)."""
     model = load_model()
     cached: dict[int, int] = {}
     sim_s: list[float] = []
@@ -95,7 +216,12 @@ def compare(
     ]
     degrees = sorted({d for c in comps for d in c.degrees})
     table = whatif.RequestTable(rows, block_size, model, degrees)
-    return sim_s, [whatif.estimate(table, c, params).mean_s for c in comps], len(rows)
+    return Comparison(
+        sim_s,
+        [whatif.estimate(table, c, params).mean_s for c in comps],
+        len(rows),
+        [first_idle_mean(table, c, params) for c in comps] if first_idle else [],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,6 +236,11 @@ def main(argv: list[str] | None = None) -> int:
         "--no-reuse", type=float, metavar="SCALE", help="unique block keys, arrivals ×SCALE"
     )
     ap.add_argument("--beta-busy", type=float, default=PlacementParams().beta_busy)
+    ap.add_argument(
+        "--ties",
+        choices=("first",),
+        help="first: also the replay with placement's tie-break (the first idle worker)",
+    )
     args = ap.parse_args(argv)
     try:
         comps = [Composition.parse(c) for c in args.compositions.split(",")]
@@ -123,13 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_reuse is not None:
         requests = without_reuse(requests, args.no_reuse)
         skip *= args.no_reuse
-    sim_s, replay_s, n = compare(requests, trace.block_size, comps, params, skip)
-    print(f"{n} requests scored from {skip:g} s; TTFT without T_ext")
-    for comp, s_sim, s_rep in zip(comps, sim_s, replay_s, strict=True):
-        print(
-            f"  {str(comp):<16} simulator {s_sim:.4f} s ({s_sim / sim_s[0] - 1:+.1%})   "
-            f"replay {s_rep:.4f} s ({s_rep / replay_s[0] - 1:+.1%})"
-        )
+    got = compare(requests, trace.block_size, comps, params, skip, args.ties == "first")
+    print(f"{got.requests} requests scored from {skip:g} s; TTFT without T_ext")
+    columns = [("simulator", got.sim_s), ("replay", got.replay_s)]
+    if got.first_idle_s:
+        columns.append(("first-idle replay", got.first_idle_s))
+    for i, comp in enumerate(comps):
+        line = "   ".join(f"{name} {v[i]:.4f} s ({v[i] / v[0] - 1:+.1%})" for name, v in columns)
+        print(f"  {str(comp):<16} {line}")
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import bench_script
+from vertumnus.core import whatif
 from vertumnus.core.placement import PlacementParams
 from vertumnus.core.types import Composition
 from vertumnus.profiles import load_model
@@ -23,9 +24,13 @@ def test_without_reuse_the_replay_is_the_simulator():
     assert len(keys) == len(set(keys))
     assert [q.arrival_s for q in requests] == [2.0 * q.arrival_s for q in trace.requests]
     comps = [Composition.parse("10xCP4"), Composition.parse("6xCP4+2xCP8")]
-    sim_s, replay_s, n = b.compare(requests, trace.block_size, comps, PlacementParams(), 20.0)
+    sim_s, replay_s, n, first_idle_s = b.compare(
+        requests, trace.block_size, comps, PlacementParams(), 20.0, first_idle=True
+    )
     assert n == sum(q.arrival_s >= 20.0 for q in requests) > 100
     assert replay_s == pytest.approx(sim_s, rel=1e-9)
+    # Which idle worker takes a request matters only through the caches.
+    assert first_idle_s == pytest.approx(sim_s, rel=1e-9)
     assert sim_s[0] != sim_s[1]
     # Requests queue (TTFT above the mean isolated prefill): not just service times.
     model = load_model()
@@ -41,3 +46,27 @@ def test_bad_arguments_are_refused_by_name(capsys):
     assert "--no-reuse" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="--trace SPEC"):
         b.main([])
+
+
+def test_the_first_idle_replay_breaks_ties_as_placement_does():
+    # r0 (long) runs at worker 0, r1 (carrying prefix Q) at worker 1, which is
+    # idle first. r2 comes when both are idle: placement gives it to worker 0 (the
+    # first of equal costs), the shipped replay to worker 1 (the longest idle).
+    # r3 reuses Q while r2 runs: it finds Q's holder idle only in the first case.
+    b = bench_script("whatif_vs_sim.py")
+    model = load_model()
+    q = tuple(range(1, 21))  # 20 blocks of 512
+    e0 = model.predict(4, 30000, 0)
+    rows = [
+        (0.0, 30000, 0, (100,)),
+        (0.0, 10240, 0, q),
+        (e0 + 1.0, 8000, 0, (200,)),
+        (e0 + 1.01, 10752, 10240, (*q, 99)),
+    ]
+    table = whatif.RequestTable(rows, 512, model, (4,))
+    fixed = PlacementParams(beta=1.0, lam=0.0, beta_busy=1.0)
+    pool = Composition.parse("2xCP4")
+    e1, e2 = model.predict(4, 10240, 0), model.predict(4, 8000, 0)
+    hit = model.predict(4, 512, 10240)
+    assert b.first_idle_mean(table, pool, fixed) == pytest.approx((e0 + e1 + e2 + hit) / 4)
+    assert whatif.estimate(table, pool, fixed).mean_s > (e0 + e1 + e2 + hit) / 4 + 1e-3
