@@ -166,7 +166,9 @@ def first_idle_replay(
 def first_idle_mean(
     table: whatif.RequestTable, comp: Composition, params: PlacementParams
 ) -> float:
-    """Mean TTFT of ``table`` on a fixed ``comp`` by :func:`first_idle_replay`."""
+    """Mean TTFT of ``table`` on a fixed ``comp`` by :func:`first_idle_replay` (a
+    request no worker can hold counts with the largest TTFT, as in
+    :func:`vertumnus.core.whatif.estimate`)."""
     degs = sorted(set(comp.degrees))
     values = first_idle_replay(
         table,
@@ -176,7 +178,8 @@ def first_idle_mean(
         params.beta,
         params.beta_busy - params.beta,
     )
-    return sum(values) / len(values)
+    worst = max((v for v in values if not math.isnan(v)), default=0.0)
+    return sum(worst if math.isnan(v) else v for v in values) / len(values)
 
 
 class Comparison(NamedTuple):
