@@ -91,7 +91,8 @@ def first_idle_replay(
     costs the lower worker, so a degree's first candidate is its idle worker of the
     lowest index (every idle worker waits 0), else its least-loaded one. The
     shipped replay takes the least (free time, worker): the longest-idle worker.
-    Same arguments, per request its TTFT."""
+    Same arguments and result; ``whatif.estimate(..., variant=first_idle_replay)``
+    scores it as the shipped replay is scored."""
     arrivals, reused, carries = table.lists()
     hits = [table.hit[k].tolist() for k in index]
     misses = [table.miss[k].tolist() for k in index]
@@ -152,34 +153,9 @@ def first_idle_replay(
         if best_start > a:
             waiting.add(w)
             heapq.heappush(pending, (best_start, w))
-        for pid in carries[i]:
-            held = holders.setdefault(pid, {})
-            if w in held:
-                del held[w]
-            elif len(held) >= whatif.HOLDERS:
-                del held[next(iter(held))]
-            held[w] = None
+        whatif.remember_holder(holders, carries[i], w)
         ttft.append(free[w] - a)
     return ttft
-
-
-def first_idle_mean(
-    table: whatif.RequestTable, comp: Composition, params: PlacementParams
-) -> float:
-    """Mean TTFT of ``table`` on a fixed ``comp`` by :func:`first_idle_replay` (a
-    request no worker can hold counts with the largest TTFT, as in
-    :func:`vertumnus.core.whatif.estimate`)."""
-    degs = sorted(set(comp.degrees))
-    values = first_idle_replay(
-        table,
-        [table.degrees.index(d) for d in degs],
-        [[0.0] * comp.degrees.count(d) for d in degs],
-        [params.lam * (d / degs[0] - 1.0) for d in degs],
-        params.beta,
-        params.beta_busy - params.beta,
-    )
-    worst = max((v for v in values if not math.isnan(v)), default=0.0)
-    return sum(worst if math.isnan(v) else v for v in values) / len(values)
 
 
 class Comparison(NamedTuple):
@@ -223,7 +199,9 @@ def compare(
         sim_s,
         [whatif.estimate(table, c, params).mean_s for c in comps],
         len(rows),
-        [first_idle_mean(table, c, params) for c in comps] if first_idle else [],
+        [whatif.estimate(table, c, params, variant=first_idle_replay).mean_s for c in comps]
+        if first_idle
+        else [],
     )
 
 

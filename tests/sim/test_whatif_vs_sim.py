@@ -68,5 +68,6 @@ def test_the_first_idle_replay_breaks_ties_as_placement_does():
     pool = Composition.parse("2xCP4")
     e1, e2 = model.predict(4, 10240, 0), model.predict(4, 8000, 0)
     hit = model.predict(4, 512, 10240)
-    assert b.first_idle_mean(table, pool, fixed) == pytest.approx((e0 + e1 + e2 + hit) / 4)
+    first_idle = whatif.estimate(table, pool, fixed, variant=b.first_idle_replay)
+    assert first_idle.mean_s == pytest.approx((e0 + e1 + e2 + hit) / 4)
     assert whatif.estimate(table, pool, fixed).mean_s > (e0 + e1 + e2 + hit) / 4 + 1e-3

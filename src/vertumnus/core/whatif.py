@@ -35,7 +35,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,6 +52,7 @@ __all__ = [
     "best_of",
     "estimate",
     "p90",
+    "remember_holder",
     "reused_key",
     "transition_starts",
 ]
@@ -287,6 +288,7 @@ def estimate(
     composition: Composition,
     params: PlacementParams,
     starts: Mapping[int, Sequence[float]] | None = None,
+    variant: Callable[..., list[float]] | None = None,
 ) -> Estimate:
     """Mean and P90 TTFT of ``table`` on ``composition`` by list scheduling (module docstring).
 
@@ -294,7 +296,9 @@ def estimate(
     some of that degree's workers *start* serving — the workers a
     transition creates; the others serve from the start. A request no
     worker can hold counts with the largest finite TTFT seen (it would be
-    refused, not served).
+    refused, not served). ``variant``: a Python replay with :func:`replay_py`'s
+    arguments and result, to run instead of the shipped one (a variant
+    measured against it, as ``bench/whatif_vs_sim.py --ties first`` does).
     """
     counts: dict[int, int] = {}
     for d in composition.degrees:
@@ -312,7 +316,9 @@ def estimate(
     lam_terms = [params.lam * (d / degs[0] - 1.0) for d in degs]
     extra = params.beta_busy - params.beta
     values = np.empty(table.n)
-    if table.n and HOT_PATH == "c":
+    if table.n and variant is not None:
+        values[:] = variant(table, index, worker_starts, lam_terms, params.beta, extra)
+    elif table.n and HOT_PATH == "c":
         replay(
             table.arrivals, table.hit, table.miss, index, table.reused, table.carry_ptr,
             table.carry_ids, table.n_prefixes, worker_starts, lam_terms, params.beta, extra,
@@ -434,18 +440,28 @@ def replay_py(
         if best_start > a:
             waiting.add(best_w)
             heapq.heappush(pending, (best_start, best_w))
-        for pid in carries[i]:
-            held = holders.get(pid)
-            if held is None:
-                holders[pid] = {best_w: None}
-                continue
-            if best_w in held:
-                del held[best_w]  # most recent last
-            elif len(held) >= HOLDERS:
-                del held[next(iter(held))]  # the least recent holder has evicted it
-            held[best_w] = None
+        remember_holder(holders, carries[i], best_w)
         ttft.append(finish - a)
     return ttft
+
+
+def remember_holder(
+    holders: dict[int, dict[int, None]], carried: Iterable[int], worker: int
+) -> None:
+    """``worker`` served a request carrying the prefixes ``carried``: it becomes their
+    most recent holder, and a prefix held by :data:`HOLDERS` workers already forgets
+    the least recent one (it has evicted it). ``holders``: prefix id → its holders,
+    least recent first (a dict: ordered, as the compiled twin's arrays)."""
+    for pid in carried:
+        held = holders.get(pid)
+        if held is None:
+            holders[pid] = {worker: None}
+            continue
+        if worker in held:
+            del held[worker]  # most recent last
+        elif len(held) >= HOLDERS:
+            del held[next(iter(held))]
+        held[worker] = None
 
 
 def transition_starts(
