@@ -28,6 +28,7 @@ export PYTHONUNBUFFERED=1
 smoke=${VERTUMNUS_CPU_SMOKE:-0}
 
 farm=$(mktemp -d)
+trap 'rm -rf "$farm"' EXIT
 mkdir "$farm/vertumnus"
 for entry in src/vertumnus/*; do ln -s "$root/$entry" "$farm/vertumnus/"; done
 ln -s "$root/worker" "$farm/vertumnus/worker"  # as pyproject.toml's package-dir maps them
@@ -82,5 +83,4 @@ timeout 150 python3 -m vertumnus profile --model "$farm/model" --device "$device
   --dtype "$dtype" --degrees 1 "${grid[@]}" --out "$out/profile.csv" \
   --fit-json "$out/profile-fit.json" >>"$out/profile.log" 2>&1
 echo "profile exit $?" | tee -a "$out/steps.log"
-rm -rf "$farm/model"
 step "done"
