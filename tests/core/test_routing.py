@@ -60,6 +60,22 @@ def test_schedule_reserves_the_estimate_and_concurrent_arrivals_see_it():
     assert first.queue_s == 0.0 and first.cost == pytest.approx(0.5)
 
 
+def test_the_longest_idle_of_equally_good_workers_takes_the_next_request():
+    """Three idle CP2 workers with nothing cached: each new request goes to the one
+    whose last prefill ended longest ago (the end the core was told at start),
+    never-used ones first, as the what-if replay orders them."""
+    core = core_with(CostModelPolicy(), 2, 2, 2)
+    order = []
+    for rid, now in enumerate([0.0, 0.0, 0.0, 10.0, 10.0, 10.0]):
+        d = core.schedule(req(rid), now=now)
+        core.started(rid, now=now, until=now + d.estimate_s + 0.1 * (2 - d.worker))
+        core.finished(rid)
+        order.append(d.worker)
+    # 0, then 1 and 2 (never used); then by the ends 0.7, 0.6, 0.5: 2, 1, 0.
+    assert order == [0, 1, 2, 2, 1, 0]
+    assert [core.worker(w).idle_since for w in range(3)] == pytest.approx([10.7, 10.6, 10.5])
+
+
 def test_outstanding_work_follows_started_and_finished():
     core = core_with(To(0), 1)
     a = core.schedule(req(0), now=0.0)

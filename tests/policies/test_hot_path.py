@@ -71,6 +71,7 @@ def naive_place(length, matched_blocks, workers, model, params, block_size):
         beta += (params.beta_busy - beta) * sum(1 for w in cands if w.queued) / len(cands)
     best = None
     best_cost = float("inf")
+    best_tie = None
     pref_degree = 0
     pref_cost = float("inf")
     for w in cands:
@@ -78,8 +79,11 @@ def naive_place(length, matched_blocks, workers, model, params, block_size):
         est = model.predict(w.degree, length - p, p)
         own = (beta + lam * (w.degree / c_min - 1.0)) * est
         cost = w.outstanding_s + own
-        if cost < best_cost:
+        # Equal costs: idle before busy, the longest idle first, then the first in order.
+        tie = (w.outstanding_s > 0, w.idle_since if w.outstanding_s <= 0 else 0.0)
+        if cost < best_cost or (cost == best_cost and tie < best_tie):
             best_cost = cost
+            best_tie = tie
             best = (w.id, est, p, cost)
         if own < pref_cost:
             pref_cost = own
@@ -115,6 +119,7 @@ workers_st = st.lists(
         st.sampled_from([0.0, 0.5, 1.0, 2.5]),  # few values, so ties happen
         st.booleans(),
         st.sampled_from([0, 0, 1, 3]),  # requests waiting: drives the load-dependent beta
+        st.sampled_from([0.0, 0.0, 1.0, 2.0]),  # idle since: breaks ties among idle workers
     ),
     min_size=1,
     max_size=12,
@@ -132,8 +137,8 @@ workers_st = st.lists(
 )
 def test_place_matches_the_naive_reference(workers, length, matched, lam, block_size, model):
     ws = [
-        WorkerState(i, d, available=a, outstanding_s=q, queued=n)
-        for i, (d, q, a, n) in enumerate(workers)
+        WorkerState(i, d, available=a, outstanding_s=q, queued=n, idle_since=s)
+        for i, (d, q, a, n, s) in enumerate(workers)
     ]
     params = PlacementParams(lam=lam)
     want = naive_place(length, matched, ws, model, params, block_size)
@@ -204,6 +209,25 @@ def test_place_prefers_the_first_of_tied_degrees():
         for matched in ({}, {1: 3}, {0: 3, 1: 3}):
             got = place(2000, matched, ws, FLAT, params, 16)
             assert fields(got) == naive_place(2000, matched, ws, FLAT, params, 16)
+
+
+def test_ties_go_to_the_longest_idle_worker_then_the_first():
+    """Equal costs: an idle worker before a busy one, the longest idle first (the
+    what-if replay's order), then the caller's order; both twins."""
+    twins = [place_fields_py] + ([compiled] if compiled is not None else [])
+    params = PlacementParams()
+    for fn in twins:
+        # Four idle CP4 workers, none holding the prefix: the one idle since 1.0 wins.
+        ws = [WorkerState(i, 4, idle_since=s) for i, s in enumerate([5.0, 1.0, 3.0, 1.0])]
+        assert fn(2000, {}, ws, MODEL, params, 16)[0] == 1
+        # The prefix at workers 0 and 2 only: the longer idle of those two.
+        assert fn(2000, {0: 50, 2: 50}, ws, MODEL, params, 16)[0] == 2
+        # Never idle yet (0.0) is the longest idle; among equals, the first.
+        ws = [WorkerState(i, 4, idle_since=s) for i, s in enumerate([2.0, 0.0, 0.0])]
+        assert fn(2000, {}, ws, MODEL, params, 16)[0] == 1
+        # Busy workers of equal cost: the first, whatever their idle_since.
+        ws = [WorkerState(i, 4, outstanding_s=1.0, idle_since=s) for i, s in enumerate([9.0, 1.0])]
+        assert fn(2000, {}, ws, MODEL, params, 16)[0] == 0
 
 
 def naive_inflight_matched(
@@ -317,8 +341,8 @@ def test_decide_matches_the_naive_reference(workers, cached, arrivals):
     """The whole decision — trie lookup, in-flight lookup and merge, place() —
     against the naive pieces, with requests placed and finishing in between."""
     ws = [
-        WorkerState(i, d, available=a, outstanding_s=q, queued=n)
-        for i, (d, q, a, n) in enumerate(workers)
+        WorkerState(i, d, available=a, outstanding_s=q, queued=n, idle_since=s)
+        for i, (d, q, a, n, s) in enumerate(workers)
     ]
     trie = PrefixTrie()
 
@@ -366,6 +390,7 @@ def test_compiled_hot_path_matches_python_on_large_pools_and_the_shipped_profile
                 available=rng.random() > 0.1,
                 outstanding_s=rng.choice([0.0, rng.uniform(0, 30)]),
                 queued=rng.choice([0, 0, 1, 5]),
+                idle_since=rng.choice([0.0, 0.0, 3.0, rng.uniform(0, 9)]),
             )
             for i in rng.sample(range(1000), 64)
         ]

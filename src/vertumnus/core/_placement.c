@@ -9,7 +9,8 @@
  *
  * Contract: the result is *identical* to the Python implementation
  * (placement.place_fields_py) -- same worker, same floats, same preferred
- * degree, same tie-breaks (the first minimum in the caller's order).
+ * degree, same tie-breaks (placement._tie_key: idle before busy, the longest
+ * idle first, then the caller's order).
  * tests/policies/test_hot_path.py checks both against the naive reference.
  * Identical floats need the same operations in the same order as
  * PrefillModel.predict and no fused multiply-add: setup.py compiles this
@@ -22,7 +23,7 @@
 #include <Python.h>
 
 /* Attribute names, interned once at import. */
-static PyObject *s_available, *s_degree, *s_id, *s_outstanding_s, *s_queued;
+static PyObject *s_available, *s_degree, *s_id, *s_outstanding_s, *s_queued, *s_idle_since;
 static PyObject *s_d, *s_a, *s_alpha, *s_c, *s_b, *s_max_tokens_per_gpu;
 static PyObject *s_beta, *s_lam, *s_beta_busy, *s_get, *s_zero;
 
@@ -272,8 +273,23 @@ place_fields(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         double est = predict(row, alpha, c, b, length - p, p);
         double own = (beta + lam * ((double)cand->degree / (double)c_min - 1.0)) * est;
         double cost = cand->outstanding + own;
-        /* Strict '<': the first minimum in the caller's order wins ties. */
-        if (i == 0 || cost < best_cost) {
+        int take = i == 0 || cost < best_cost;
+        if (!take && cost == best_cost) {
+            /* placement._tie_key: an idle worker before a busy one, the longest idle
+             * first; otherwise the first in the caller's order. idle_since is read
+             * only here: ties are rare, so the common path reads nothing more. */
+            int busy = cand->outstanding > 0.0, best_busy = cands[best].outstanding > 0.0;
+            if (busy != best_busy) {
+                take = !busy;
+            } else if (!busy) {
+                double since, best_since;
+                if (get_double(cand->worker, s_idle_since, &since) ||
+                    get_double(cands[best].worker, s_idle_since, &best_since))
+                    goto done;
+                take = since < best_since;
+            }
+        }
+        if (take) {
             best = i;
             best_cost = cost;
             best_est = est;
@@ -320,6 +336,7 @@ PyInit__placement(void)
     INTERN(s_id, "id");
     INTERN(s_outstanding_s, "outstanding_s");
     INTERN(s_queued, "queued");
+    INTERN(s_idle_since, "idle_since");
     INTERN(s_d, "d");
     INTERN(s_a, "a");
     INTERN(s_alpha, "alpha");

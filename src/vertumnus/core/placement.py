@@ -74,6 +74,10 @@ class WorkerState:
     """Requests waiting (placed, not started)."""
     running: int = 0
     """Requests being prefilled (0 or 1 for a prefill worker)."""
+    idle_since: float = 0.0
+    """When the worker's last prefill ends (the routing core sets it as a prefill
+    starts, on the shell's clock; 0 before its first). Breaks ties, see
+    :func:`place_fields_py`."""
     cache_used_blocks: int = 0
     cache_capacity_blocks: int = 0
 
@@ -120,6 +124,13 @@ def place(
     return RouteDecision(worker, estimate_s, cached, preferred, cost, queue_s)
 
 
+def _tie_key(w: WorkerState, position: int) -> tuple[bool, float, int]:
+    """Order among candidates of equal cost: idle before busy, longest idle first,
+    then the caller's order."""
+    busy = w.outstanding_s > 0.0
+    return (busy, 0.0 if busy else w.idle_since, position)
+
+
 def place_fields_py(
     length: int,
     matched_blocks: Mapping[int, int],
@@ -136,8 +147,8 @@ def place_fields_py(
     """
     # Hot path: this runs once per arriving request over every worker. It
     # returns exactly what the straightforward loop over candidates() does
-    # (same floats, same tie-breaks: the first minimum in the caller's order;
-    # tests/policies/test_hot_path.py holds that reference). Measured on
+    # (same floats, same tie-breaks, _tie_key; tests/policies/test_hot_path.py
+    # holds that reference). Measured on
     # CPython 3.11 with 64 workers (bench/placement_speed.py), the cost is
     # the number of passes over the workers, so there are three (degrees,
     # keys, costs) plus C-level min()/index(); list comprehensions that read
@@ -188,8 +199,20 @@ def place_fields_py(
         p = 0 if m <= 0 else (t if (t := m * block_size) <= max_cached else max_cached)
         own_of[key] = (beta + lam * (deg / c_min - 1.0)) * predict(deg, length - p, p)
     costs = [w.outstanding_s + own_of[key] for w, key in zip(cands, keys, strict=True)]  # q_w + own
-    # list.index(min(...)) is the first minimum: the lowest position wins ties.
-    best = costs.index(min(costs))
+    least_cost = min(costs)
+    best = costs.index(least_cost)
+    if costs.count(least_cost) > 1:
+        # Ties (idle workers of one degree holding the same prefix, typically): an
+        # idle worker before a busy one, the longest idle first, then the lowest
+        # position. Spreading work over idle workers this way is what the what-if
+        # replay (whatif.py: the least free time) assumes, so the composition
+        # controller's estimate and the router grow the same caches; breaking
+        # ties by position instead biased its estimate by up to 6 %
+        # (docs/benchmarks/adaptive.md, "which idle worker").
+        best = min(
+            (i for i, cost in enumerate(costs) if cost == least_cost),
+            key=lambda i: _tie_key(cands[i], i),
+        )
     # C_pref: the degree of the first candidate with the least own(). own_of
     # holds exactly the keys present, so the least value is found among ~10
     # entries instead of 64; only when several keys share it must the

@@ -327,6 +327,7 @@ class RoutingCore:
         load.state.running = 1
         load.running = request_id
         load.running_until = until
+        load.state.idle_since = until
 
     def finished(self, request_id: int) -> RouteDecision:
         """The prefill of ``request_id`` is done; returns its decision."""
