@@ -17,10 +17,11 @@ stretch of a workload, so that a bias shows as two ratios that disagree:
 all) and stretches arrivals by SCALE to keep the load comparable: the check of
 queueing and placement alone. ``--beta-busy`` sets β_busy on both sides.
 ``--ties first`` adds a third column: the replay breaking ties as placement
-does (of equal costs the lower worker, so the first idle worker takes a request
-no cache draws) instead of giving it the longest-idle worker, as the shipped
-replay does (:func:`first_idle_replay`; docs/benchmarks/adaptive.md, "Where
-the estimate's bias comes from: which idle worker").
+did until 2026-12-04 (of equal costs the lower worker, so the first idle worker
+takes a request no cache draws) instead of giving it the longest-idle worker,
+as the shipped replay and, since then, placement do (:func:`first_idle_replay`;
+docs/benchmarks/adaptive.md, "Where the estimate's bias comes from: which idle
+worker").
 
     python bench/whatif_vs_sim.py --family toolagent --load moderate --draw 1
     python bench/whatif_vs_sim.py --trace synthetic:preset=toolagent,mean_rate=44,duration_s=900
@@ -87,8 +88,8 @@ def first_idle_replay(
     beta: float,
     extra: float,
 ) -> list[float]:
-    """:func:`vertumnus.core.whatif.replay_py` with placement's tie-break: of equal
-    costs the lower worker, so a degree's first candidate is its idle worker of the
+    """:func:`vertumnus.core.whatif.replay_py` with placement's former tie-break: of
+    equal costs the lower worker, so a degree's first candidate is its idle worker of the
     lowest index (every idle worker waits 0), else its least-loaded one. The
     shipped replay takes the least (free time, worker): the longest-idle worker.
     Same arguments and result; ``whatif.estimate(..., variant=first_idle_replay)``
@@ -165,7 +166,7 @@ class Comparison(NamedTuple):
     replay_s: list[float]
     requests: int
     first_idle_s: list[float]
-    """The replay with placement's tie-break (empty unless asked for)."""
+    """The replay with placement's former tie-break (empty unless asked for)."""
 
 
 def compare(
@@ -177,7 +178,7 @@ def compare(
     first_idle: bool = False,
 ) -> Comparison:
     """The simulator and the replay (with ``first_idle``, also the replay with
-    placement's tie-break) on the requests from ``skip_s`` on (module docstring)."""
+    placement's former tie-break) on the requests from ``skip_s`` on (module docstring)."""
     model = load_model()
     cached: dict[int, int] = {}
     sim_s: list[float] = []
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--ties",
         choices=("first",),
-        help="first: also the replay with placement's tie-break (the first idle worker)",
+        help="first: also the replay with placement's former tie-break (the first idle worker)",
     )
     args = ap.parse_args(argv)
     try:

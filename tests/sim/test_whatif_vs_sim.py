@@ -48,10 +48,11 @@ def test_bad_arguments_are_refused_by_name(capsys):
         b.main([])
 
 
-def test_the_first_idle_replay_breaks_ties_as_placement_does():
+def test_the_first_idle_replay_breaks_ties_as_placement_did():
     # r0 (long) runs at worker 0, r1 (carrying prefix Q) at worker 1, which is
-    # idle first. r2 comes when both are idle: placement gives it to worker 0 (the
-    # first of equal costs), the shipped replay to worker 1 (the longest idle).
+    # idle first. r2 comes when both are idle: the first-idle replay gives it to
+    # worker 0 (the first of equal costs), the shipped replay to worker 1 (the
+    # longest idle, as placement now does too).
     # r3 reuses Q while r2 runs: it finds Q's holder idle only in the first case.
     b = bench_script("whatif_vs_sim.py")
     model = load_model()
