@@ -277,7 +277,7 @@ place_fields(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (!take && cost == best_cost) {
             /* placement._tie_key: an idle worker before a busy one, the longest idle
              * first; otherwise the first in the caller's order. idle_since is read
-             * only here: ties are rare, so the common path reads nothing more. */
+             * only here, so a decision without a tie reads nothing more. */
             int busy = cand->outstanding > 0.0, best_busy = cands[best].outstanding > 0.0;
             if (busy != best_busy) {
                 take = !busy;
