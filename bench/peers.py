@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(
         json.dumps(
             {
-                "date": "2026-11-30",
+                "date": time.strftime("%Y-%m-%d"),
                 "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
                 "high_scales": highs,
                 "moderate_factor": 0.75,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -171,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         results[factor] = rows
     data = {
-        "date": "2026-11-30",
+        "date": time.strftime("%Y-%m-%d"),
         "command": "python bench/sensitivity.py" + (f" --base {args.base}" if args.base else ""),
         **fixed_references(trace, bounds),
         "phases_spec": args.phases,
