@@ -94,35 +94,23 @@ def first_idle_replay(
     shipped replay takes the least (free time, worker): the longest-idle worker.
     Same arguments and result; ``whatif.estimate(..., variant=first_idle_replay)``
     scores it as the shipped replay is scored."""
-    arrivals, reused, carries = table.lists()
-    hits = [table.hit[k].tolist() for k in index]
-    misses = [table.miss[k].tolist() for k in index]
+    arrivals, reused, carries, hits, misses, free, row_of = whatif.replay_inputs(
+        table, index, worker_starts
+    )
     # Per degree the workers busy at the last arrival (a heap of (free time,
     # worker)) and the idle ones (a heap of workers); both lazy: a busy entry is
     # current while it equals free[worker], an idle one while the worker is free.
-    free: list[float] = []
-    row_of: list[int] = []
-    busy: list[list[tuple[float, int]]] = []
-    idle: list[list[int]] = []
-    for k, frees in enumerate(worker_starts):
-        heap = [(f, len(free) + j) for j, f in enumerate(frees)]
-        free.extend(frees)
-        row_of.extend([k] * len(frees))
+    busy: list[list[tuple[float, int]]] = [[] for _ in worker_starts]
+    idle: list[list[int]] = [[] for _ in worker_starts]
+    for w, (f, k) in enumerate(zip(free, row_of, strict=True)):
+        busy[k].append((f, w))
+    for heap in busy:
         heapq.heapify(heap)
-        busy.append(heap)
-        idle.append([])
-    n_workers = len(free)
-    last_start = [0.0] * n_workers
-    waiting: set[int] = set()
-    pending: list[tuple[float, int]] = []
+    waiting = whatif.WaitingWorkers(len(free))
     holders: dict[int, dict[int, None]] = {}
     ttft: list[float] = []
     for i, a in enumerate(arrivals):
-        while pending and pending[0][0] <= a:
-            s0, w0 = heapq.heappop(pending)
-            if last_start[w0] == s0:
-                waiting.discard(w0)
-        b = beta + extra * len(waiting) / n_workers if extra != 0.0 else beta
+        b = waiting.beta(a, beta, extra)
         hold = holders.get(reused[i], {}) if reused[i] >= 0 else {}
         candidates = []
         for k in range(len(busy)):
@@ -150,10 +138,7 @@ def first_idle_replay(
             continue
         free[w] = best_start + best_e
         heapq.heappush(busy[row_of[w]], (free[w], w))
-        last_start[w] = best_start
-        if best_start > a:
-            waiting.add(w)
-            heapq.heappush(pending, (best_start, w))
+        waiting.placed(w, best_start, a)
         whatif.remember_holder(holders, carries[i], w)
         ttft.append(free[w] - a)
     return ttft

@@ -49,10 +49,12 @@ __all__ = [
     "Columns",
     "Estimate",
     "RequestTable",
+    "WaitingWorkers",
     "best_of",
     "estimate",
     "p90",
     "remember_holder",
+    "replay_inputs",
     "reused_key",
     "transition_starts",
 ]
@@ -374,40 +376,24 @@ def replay_py(
     ``lam_terms``: λ·(C/C_min − 1) per degree; β_i = ``beta`` + ``extra``·(share of
     workers with a request waiting), as placement computes it.
     """
-    arrivals, reused, carries = table.lists()
-    hits = [table.hit[k].tolist() for k in index]
-    misses = [table.miss[k].tolist() for k in index]
+    arrivals, reused, carries, hits, misses, free, row_of = replay_inputs(
+        table, index, worker_starts
+    )
     # Per degree a heap of (free time, worker), lazily updated: an entry is
     # current while it equals free[worker].
-    free: list[float] = []
-    row_of: list[int] = []
-    heaps: list[list[tuple[float, int]]] = []
-    for k, frees in enumerate(worker_starts):
-        heap = []
-        for f in frees:
-            heap.append((f, len(free)))
-            free.append(f)
-            row_of.append(k)
+    heaps: list[list[tuple[float, int]]] = [[] for _ in worker_starts]
+    for w, (f, k) in enumerate(zip(free, row_of, strict=True)):
+        heaps[k].append((f, w))
+    for heap in heaps:
         heapq.heapify(heap)
-        heaps.append(heap)
-    n_workers = len(free)
-    # A worker has a request waiting while the last request given to it has
-    # not started; ``waiting`` holds those workers, ``pending`` when each
-    # stops waiting (stale entries are skipped).
-    last_start = [0.0] * n_workers
-    waiting: set[int] = set()
-    pending: list[tuple[float, int]] = []
+    waiting = WaitingWorkers(len(free))
     holders: dict[int, dict[int, None]] = {}
     """Reused prefix id → the (at most ``HOLDERS``) workers that served it last, least
     recent first (a dict: ordered, as the compiled twin's arrays)."""
     ttft: list[float] = []
     rows = range(len(heaps))
     for i, a in enumerate(arrivals):
-        while pending and pending[0][0] <= a:
-            s0, w0 = heapq.heappop(pending)
-            if last_start[w0] == s0:
-                waiting.discard(w0)
-        b = beta + extra * len(waiting) / n_workers if extra != 0.0 else beta
+        b = waiting.beta(a, beta, extra)
         hold = holders.get(reused[i], {}) if reused[i] >= 0 else {}
         best_w, best_cost, best_start, best_e = -1, math.inf, 0.0, 0.0
         # The least-loaded worker of each degree (its cached prefix only if it
@@ -436,13 +422,66 @@ def replay_py(
         finish = best_start + best_e
         free[best_w] = finish
         heapq.heappush(heaps[row_of[best_w]], (finish, best_w))
-        last_start[best_w] = best_start
-        if best_start > a:
-            waiting.add(best_w)
-            heapq.heappush(pending, (best_start, best_w))
+        waiting.placed(best_w, best_start, a)
         remember_holder(holders, carries[i], best_w)
         ttft.append(finish - a)
     return ttft
+
+
+def replay_inputs(
+    table: RequestTable, index: Sequence[int], worker_starts: Sequence[Sequence[float]]
+) -> tuple[
+    list[float],
+    list[int],
+    list[list[int]],
+    list[list[float]],
+    list[list[float]],
+    list[float],
+    list[int],
+]:
+    """What a Python replay reads, as lists: the table's arrivals, reused prefix ids and
+    carried prefixes; per degree row of ``index`` the hit and miss times; per worker
+    (numbered degree by degree) when it is free first and its row."""
+    arrivals, reused, carries = table.lists()
+    hits = [table.hit[k].tolist() for k in index]
+    misses = [table.miss[k].tolist() for k in index]
+    free = [f for frees in worker_starts for f in frees]
+    row_of = [k for k, frees in enumerate(worker_starts) for _ in frees]
+    return arrivals, reused, carries, hits, misses, free, row_of
+
+
+class WaitingWorkers:
+    """The workers with a request waiting in a replay: the last request given to one
+    has not started yet. β_i grows with their share, as placement's load-dependent β
+    grows with the share of workers with a queue."""
+
+    __slots__ = ("_last_start", "_pending", "_share_of", "_waiting")
+
+    def __init__(self, n_workers: int) -> None:
+        self._last_start = [0.0] * n_workers
+        self._waiting: set[int] = set()
+        # When each waiting worker stops waiting (stale entries are skipped).
+        self._pending: list[tuple[float, int]] = []
+        self._share_of = n_workers
+
+    def beta(self, arrival: float, beta: float, extra: float) -> float:
+        """β_i for a request arriving at ``arrival`` = ``beta`` + ``extra``·(share of
+        workers with a request waiting then)."""
+        pending = self._pending
+        while pending and pending[0][0] <= arrival:
+            s0, w0 = heapq.heappop(pending)
+            if self._last_start[w0] == s0:
+                self._waiting.discard(w0)
+        if extra == 0.0:
+            return beta
+        return beta + extra * len(self._waiting) / self._share_of
+
+    def placed(self, worker: int, start: float, arrival: float) -> None:
+        """A request arriving at ``arrival`` goes to ``worker`` and starts at ``start``."""
+        self._last_start[worker] = start
+        if start > arrival:
+            self._waiting.add(worker)
+            heapq.heappush(self._pending, (start, worker))
 
 
 def remember_holder(
