@@ -73,7 +73,7 @@ def test_the_longest_idle_of_equally_good_workers_takes_the_next_request():
         order.append(d.worker)
     # 0, then 1 and 2 (never used); then by the ends 0.7, 0.6, 0.5: 2, 1, 0.
     assert order == [0, 1, 2, 2, 1, 0]
-    assert [core.worker(w).idle_since for w in range(3)] == pytest.approx([10.7, 10.6, 10.5])
+    assert [core.worker(w).free_at for w in range(3)] == pytest.approx([10.7, 10.6, 10.5])
 
 
 def test_outstanding_work_follows_started_and_finished():

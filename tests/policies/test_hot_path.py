@@ -80,7 +80,7 @@ def naive_place(length, matched_blocks, workers, model, params, block_size):
         own = (beta + lam * (w.degree / c_min - 1.0)) * est
         cost = w.outstanding_s + own
         # Equal costs: idle before busy, the longest idle first, then the first in order.
-        tie = (w.outstanding_s > 0, w.idle_since if w.outstanding_s <= 0 else 0.0)
+        tie = (w.outstanding_s > 0, w.free_at if w.outstanding_s <= 0 else 0.0)
         if cost < best_cost or (cost == best_cost and tie < best_tie):
             best_cost = cost
             best_tie = tie
@@ -137,7 +137,7 @@ workers_st = st.lists(
 )
 def test_place_matches_the_naive_reference(workers, length, matched, lam, block_size, model):
     ws = [
-        WorkerState(i, d, available=a, outstanding_s=q, queued=n, idle_since=s)
+        WorkerState(i, d, available=a, outstanding_s=q, queued=n, free_at=s)
         for i, (d, q, a, n, s) in enumerate(workers)
     ]
     params = PlacementParams(lam=lam)
@@ -218,15 +218,15 @@ def test_ties_go_to_the_longest_idle_worker_then_the_first():
     params = PlacementParams()
     for fn in twins:
         # Four idle CP4 workers, none holding the prefix: the one idle since 1.0 wins.
-        ws = [WorkerState(i, 4, idle_since=s) for i, s in enumerate([5.0, 1.0, 3.0, 1.0])]
+        ws = [WorkerState(i, 4, free_at=s) for i, s in enumerate([5.0, 1.0, 3.0, 1.0])]
         assert fn(2000, {}, ws, MODEL, params, 16)[0] == 1
         # The prefix at workers 0 and 2 only: the longer idle of those two.
         assert fn(2000, {0: 50, 2: 50}, ws, MODEL, params, 16)[0] == 2
         # Never idle yet (0.0) is the longest idle; among equals, the first.
-        ws = [WorkerState(i, 4, idle_since=s) for i, s in enumerate([2.0, 0.0, 0.0])]
+        ws = [WorkerState(i, 4, free_at=s) for i, s in enumerate([2.0, 0.0, 0.0])]
         assert fn(2000, {}, ws, MODEL, params, 16)[0] == 1
-        # Busy workers of equal cost: the first, whatever their idle_since.
-        ws = [WorkerState(i, 4, outstanding_s=1.0, idle_since=s) for i, s in enumerate([9.0, 1.0])]
+        # Busy workers of equal cost: the first, whatever their free_at.
+        ws = [WorkerState(i, 4, outstanding_s=1.0, free_at=s) for i, s in enumerate([9.0, 1.0])]
         assert fn(2000, {}, ws, MODEL, params, 16)[0] == 0
 
 
@@ -341,7 +341,7 @@ def test_decide_matches_the_naive_reference(workers, cached, arrivals):
     """The whole decision — trie lookup, in-flight lookup and merge, place() —
     against the naive pieces, with requests placed and finishing in between."""
     ws = [
-        WorkerState(i, d, available=a, outstanding_s=q, queued=n, idle_since=s)
+        WorkerState(i, d, available=a, outstanding_s=q, queued=n, free_at=s)
         for i, (d, q, a, n, s) in enumerate(workers)
     ]
     trie = PrefixTrie()
@@ -390,7 +390,7 @@ def test_compiled_hot_path_matches_python_on_large_pools_and_the_shipped_profile
                 available=rng.random() > 0.1,
                 outstanding_s=rng.choice([0.0, rng.uniform(0, 30)]),
                 queued=rng.choice([0, 0, 1, 5]),
-                idle_since=rng.choice([0.0, 0.0, 3.0, rng.uniform(0, 9)]),
+                free_at=rng.choice([0.0, 0.0, 3.0, rng.uniform(0, 9)]),
             )
             for i in rng.sample(range(1000), 64)
         ]

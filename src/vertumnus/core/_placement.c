@@ -23,7 +23,7 @@
 #include <Python.h>
 
 /* Attribute names, interned once at import. */
-static PyObject *s_available, *s_degree, *s_id, *s_outstanding_s, *s_queued, *s_idle_since;
+static PyObject *s_available, *s_degree, *s_id, *s_outstanding_s, *s_queued, *s_free_at;
 static PyObject *s_d, *s_a, *s_alpha, *s_c, *s_b, *s_max_tokens_per_gpu;
 static PyObject *s_beta, *s_lam, *s_beta_busy, *s_get, *s_zero;
 
@@ -276,15 +276,15 @@ place_fields(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         int take = i == 0 || cost < best_cost;
         if (!take && cost == best_cost) {
             /* placement._tie_key: an idle worker before a busy one, the longest idle
-             * first; otherwise the first in the caller's order. idle_since is read
+             * first; otherwise the first in the caller's order. free_at is read
              * only here, so a decision without a tie reads nothing more. */
             int busy = cand->outstanding > 0.0, best_busy = cands[best].outstanding > 0.0;
             if (busy != best_busy) {
                 take = !busy;
             } else if (!busy) {
                 double since, best_since;
-                if (get_double(cand->worker, s_idle_since, &since) ||
-                    get_double(cands[best].worker, s_idle_since, &best_since))
+                if (get_double(cand->worker, s_free_at, &since) ||
+                    get_double(cands[best].worker, s_free_at, &best_since))
                     goto done;
                 take = since < best_since;
             }
@@ -336,7 +336,7 @@ PyInit__placement(void)
     INTERN(s_id, "id");
     INTERN(s_outstanding_s, "outstanding_s");
     INTERN(s_queued, "queued");
-    INTERN(s_idle_since, "idle_since");
+    INTERN(s_free_at, "free_at");
     INTERN(s_d, "d");
     INTERN(s_a, "a");
     INTERN(s_alpha, "alpha");

@@ -74,10 +74,10 @@ class WorkerState:
     """Requests waiting (placed, not started)."""
     running: int = 0
     """Requests being prefilled (0 or 1 for a prefill worker)."""
-    idle_since: float = 0.0
-    """When the worker's last prefill ends (the routing core sets it as a prefill
-    starts, on the shell's clock; 0 before its first). Breaks ties, see
-    :func:`place_fields_py`."""
+    free_at: float = 0.0
+    """When the worker's last prefill ends: the running one's expected end while it
+    runs, else when it became idle (the routing core sets it as a prefill starts, on
+    the shell's clock; 0 before its first). Breaks ties, see :func:`place_fields_py`."""
     cache_used_blocks: int = 0
     cache_capacity_blocks: int = 0
 
@@ -128,7 +128,7 @@ def _tie_key(w: WorkerState, position: int) -> tuple[bool, float, int]:
     """Order among candidates of equal cost: idle before busy, longest idle first,
     then the caller's order."""
     busy = w.outstanding_s > 0.0
-    return (busy, 0.0 if busy else w.idle_since, position)
+    return (busy, 0.0 if busy else w.free_at, position)
 
 
 def place_fields_py(

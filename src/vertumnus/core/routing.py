@@ -81,9 +81,8 @@ class _Load:
     """Σ Ê of the requests placed here and not started; q_w = this + the rest of
     the running prefill."""
     running: int | None = None
-    """Id of the request being prefilled, if any."""
-    running_until: float = 0.0
-    """When the shell expects the running prefill to end."""
+    """Id of the request being prefilled, if any; ``state.free_at`` is when the shell
+    expects it to end."""
     external_s: float = 0.0
     """Work other router replicas have placed here (shared through the store):
     added to q_w so that two replicas do not pile onto one worker."""
@@ -226,7 +225,7 @@ class RoutingCore:
         """Per worker, the seconds its running prefill is still expected to take (0 if
         idle): what the composition controller ranks drains by."""
         return {
-            w: max(0.0, load.running_until - now) if load.running is not None else 0.0
+            w: max(0.0, load.state.free_at - now) if load.running is not None else 0.0
             for w, load in self._loads.items()
         }
 
@@ -241,7 +240,7 @@ class RoutingCore:
         """q_w = queued Ê + the running prefill's remaining time (+ other replicas'
         work there), at ``now``."""
         for load in self._loads.values():
-            until = load.running_until
+            until = load.state.free_at
             rest = until - now if load.running is not None and until > now else 0.0
             load.state.outstanding_s = load.queued_estimate_s + rest
             if load.external_s:
@@ -252,7 +251,7 @@ class RoutingCore:
         replica shares with the others)."""
         out = {}
         for w, load in self._loads.items():
-            until = load.running_until
+            until = load.state.free_at
             rest = until - now if load.running is not None and until > now else 0.0
             # The queued sum is kept by adding and subtracting estimates, which can
             # leave a rounding residue below zero (-1e-19): shared as no work.
@@ -326,8 +325,7 @@ class RoutingCore:
         load.state.queued -= 1
         load.state.running = 1
         load.running = request_id
-        load.running_until = until
-        load.state.idle_since = until
+        load.state.free_at = until
 
     def finished(self, request_id: int) -> RouteDecision:
         """The prefill of ``request_id`` is done; returns its decision."""
