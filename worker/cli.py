@@ -97,6 +97,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--cached", type=_int_list, default=[0, 1024], help="P values (multiples of the block size)"
     )
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--warmup", type=int, default=1, help="untimed runs of each grid point before its repeats"
+    )
     p.add_argument("--dtype", default="float32", choices=["float64", "float32", "bfloat16"])
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument(
@@ -269,6 +272,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     problem = _check_degrees(args.degrees) or _check_model(args.model)
     if not problem and (0 in args.uncached or args.repeats < 1):
         problem = "--uncached values and --repeats must be >= 1"
+    if not problem and args.warmup < 0:
+        problem = "--warmup must be >= 0"
     if problem:
         return _fail(problem)
     from .profile import fit_error, run_profile, write_profile_csv
@@ -279,6 +284,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             args.uncached,
             args.cached,
             repeats=args.repeats,
+            warmup=args.warmup,
             dtype=args.dtype,
             block_size=args.block_size,
             seed=args.seed,

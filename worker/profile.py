@@ -4,7 +4,10 @@ For every degree C the pool is regrouped into CP-C workers and worker 0
 prefills, one request at a time (so nothing ever queues), a fresh random
 prompt of P + R tokens whose first P tokens were prefilled just before: the
 measured step then reuses exactly P cached tokens and computes R. The time
-recorded is the engine step as measured on the worker's first rank.
+recorded is the engine step as measured on the worker's first rank. Each grid
+point first runs ``warmup`` times untimed: a shape's first step pays for
+allocations and (on CUDA) kernel selection, which on an H200 made a first
+4096-token step take 2.4x its second.
 
 Output is the profile CSV that ``vertumnus fit`` reads: header
 ``degree,uncached_tokens,cached_tokens,seconds``, one row per measurement.
@@ -29,6 +32,7 @@ def run_profile(
     cached: Sequence[int],
     *,
     repeats: int = 3,
+    warmup: int = 1,
     dtype: str = "float32",
     block_size: int = 16,
     seed: int = 0,
@@ -64,16 +68,15 @@ def run_profile(
                 for w in list(engine.workers):
                     engine.drain(w)
                 engine.switch_epoch(epoch, [degree] * (world // degree))
-            engine.prefill(
-                0, "warmup", torch.randint(0, vocab, (min(uncached),), generator=gen).tolist()
-            )
             for p in cached:
                 for r in uncached:
-                    for _ in range(repeats):
+                    for i in range(warmup + repeats):
                         prompt = torch.randint(0, vocab, (p + r,), generator=gen).tolist()
                         if p:
                             engine.prefill(0, "prefix", prompt[:p])
                         out = engine.prefill(0, "measure", prompt)
+                        if i < warmup:
+                            continue
                         rows.append(
                             (
                                 degree,

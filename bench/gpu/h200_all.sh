@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check of this repository in one run on one lent GPU (under 8 minutes),
+# Every GPU check of this repository in one run on one lent GPU (at most 10 minutes, the sum of its time boxes),
 # each step time-boxed and writing its own files under OUT, so a step that fails or
 # runs long costs only itself:
 #
@@ -18,6 +18,7 @@
 #
 #   bash bench/gpu/h200_all.sh results/h200          # on the GPU machine
 #   VERTUMNUS_CPU_SMOKE=1 bash bench/gpu/h200_all.sh /tmp/h200-smoke   # tiny, on CPU
+#   VERTUMNUS_GPU_STEPS=profile bash bench/gpu/h200_all.sh OUT   # step 1 and only the profile
 set -u
 out=${1:?usage: bench/gpu/h200_all.sh OUT_DIR}
 mkdir -p "$out"
@@ -26,6 +27,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 export PYTHONUNBUFFERED=1
 smoke=${VERTUMNUS_CPU_SMOKE:-0}
+steps=" ${VERTUMNUS_GPU_STEPS:-zigzag profile} "  # step 1 (machine) always runs
 
 farm=$(mktemp -d)
 trap 'rm -rf "$farm"' EXIT
@@ -52,17 +54,20 @@ if python3 -c 'import sglang' 2>/dev/null && [ -n "${SGLANG_MODEL:-}" ]; then
   echo "sglang_check exit $?" | tee -a "$out/steps.log"
 fi
 
+if [[ $steps == *" zigzag "* ]]; then
 step "2 zigzag_h200"
 if [ "$smoke" = 1 ]; then zz=(--cpu-tiny); else zz=(--budget-s 120); fi
 timeout 220 python3 bench/gpu/zigzag_h200.py "${zz[@]}" --out "$out/h200.json" \
   >"$out/zigzag.log" 2>&1
 echo "zigzag_h200 exit $?" | tee -a "$out/steps.log"
+fi
 
+if [[ $steps == *" profile "* ]]; then
 step "3 profile"
 if [ "$smoke" = 1 ]; then
   device=cpu dtype=float32 grid=(--uncached 64,128 --cached 0,64 --repeats 1)
 else
-  device=cuda dtype=bfloat16 grid=(--uncached 1024,4096,16384 --cached 0,4096,16384 --repeats 2)
+  device=cuda dtype=bfloat16 grid=(--uncached 1024,4096,16384 --cached 0,4096,16384 --repeats 3)
 fi
 timeout 120 python3 - "$farm/model" "$smoke" <<'EOF' >"$out/profile.log" 2>&1
 import sys, torch
@@ -79,8 +84,9 @@ device = "cpu" if smoke else "cuda"
 Model.random(cfg, seed=0, dtype=torch.bfloat16 if not smoke else torch.float32, device=device).save(path)
 print("wrote", path)
 EOF
-timeout 150 python3 -m vertumnus profile --model "$farm/model" --device "$device" \
+timeout 240 python3 -m vertumnus profile --model "$farm/model" --device "$device" \
   --dtype "$dtype" --degrees 1 "${grid[@]}" --out "$out/profile.csv" \
   --fit-json "$out/profile-fit.json" >>"$out/profile.log" 2>&1
 echo "profile exit $?" | tee -a "$out/steps.log"
+fi
 step "done"

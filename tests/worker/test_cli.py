@@ -58,12 +58,13 @@ def test_verify_writes_the_report(tmp_path):
             "--model /nonexistent: not a directory with config.json",
         ),
         (["profile", "--cached", "10", "--out", "x.csv"], "not multiples of the block size 16"),
+        (["profile", "--warmup", "-1", "--out", "x.csv"], "--warmup must be >= 0"),
         (
             ["serve", "--ranks", "4", "--degrees", "2,1"],
             "--degrees [2, 1] cover 3 ranks, --ranks is 4",
         ),
     ],
-    ids=["degree-3", "missing-model", "unaligned-prefix", "short-grouping"],
+    ids=["degree-3", "missing-model", "unaligned-prefix", "negative-warmup", "short-grouping"],
 )
 def test_bad_input_exits_2_naming_the_problem(argv, message, capsys):
     assert run(argv) == 2

@@ -33,3 +33,18 @@ def test_every_gpu_check_runs_tiny_on_cpu(tmp_path):
     assert len(profile) == 4  # 2 uncached x 2 cached lengths, CP1, one repeat
     # the written model is removed; only the results stay
     assert not any(p.is_dir() for p in tmp_path.iterdir())
+
+
+def test_gpu_steps_picks_which_checks_run(tmp_path):
+    env = {**os.environ, "VERTUMNUS_CPU_SMOKE": "1", "VERTUMNUS_GPU_STEPS": "profile"}
+    subprocess.run(
+        ["bash", str(ROOT / "bench/gpu/h200_all.sh"), str(tmp_path)],
+        env=env,
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+    steps = (tmp_path / "steps.log").read_text()
+    assert "profile exit 0" in steps and "zigzag" not in steps, steps
+    assert not (tmp_path / "h200.json").exists()
+    assert len(read_profile_csv(tmp_path / "profile.csv")) == 4
