@@ -52,6 +52,8 @@ composition over the copies (the noise floor).
     python bench/families.py --planner whatif=false --out /tmp/rules_only
     python bench/families.py --draws 0,1,2 --out docs/benchmarks/adaptive_families_draws.json
     python bench/families.py --draws 0,1,2 --replicas 3 --out docs/benchmarks/adaptive_families_replicas.json
+    python bench/families.py --draws 0,1,2 --replicas 3 --planner NAME=VALUE \
+        --fixed-from docs/benchmarks/adaptive_families_replicas.json --out /tmp/try.json
 
 Writes ``docs/benchmarks/adaptive_families.json`` (``--out``) and prints the
 table. Simulated TTFTs are deterministic; only the wall times vary.
@@ -186,9 +188,16 @@ def replica(trace: Trace, r: int) -> Trace:
 
 
 def run_replica(
-    family: str, load: str, planner_text: str, rebalance: bool, draw: int | None, r: int
+    family: str,
+    load: str,
+    planner_text: str,
+    rebalance: bool,
+    draw: int | None,
+    r: int,
+    with_fixed: bool = True,
 ) -> dict[str, Any]:
-    """Adaptive and every fixed lattice composition on copy ``r`` of one (family, load[, draw])."""
+    """Adaptive and (``with_fixed``) every fixed lattice composition on copy ``r`` of
+    one (family, load[, draw])."""
     trace, scale = workload(family, load, draw)
     trace = replica(trace, r)
     model = load_model()
@@ -214,7 +223,8 @@ def run_replica(
         "decision_ms_max": 1e3 * max(ctl.decision_cost_s, default=0.0),
         "wall_s": time.perf_counter() - t0,
     }
-    for comp in planner.enumerate_lattice(GPUS, control.degrees, control.domain_size):
+    lattice = planner.enumerate_lattice(GPUS, control.degrees, control.domain_size)
+    for comp in lattice if with_fixed else ():
         t0 = time.perf_counter()
         fixed = Simulation(PoolConfig(comp, model, block_size=trace.block_size), CostModelPolicy())
         out = fixed.run(trace.requests)
@@ -255,6 +265,27 @@ def _ratios(runs: dict[str, Any]) -> tuple[str, str, float, float]:
     )
 
 
+def with_stored_fixed(copy: dict[str, Any], stored: dict[str, Any], r: int) -> dict[str, Any]:
+    """Copy ``r`` of a cell run adaptive only (``--fixed-from``), with the fixed
+    compositions' runs of the same copy taken from ``stored``, that cell in an
+    earlier output (its token hit rates are the copies' mean)."""
+    if stored["requests"] != copy["requests"]:
+        raise SystemExit(
+            f"--fixed-from: cell {copy['family']} {copy['load']} draw {copy['draw']} has "
+            f"{stored['requests']} requests stored, {copy['requests']} in this run"
+        )
+    runs = dict(copy["runs"])
+    for name, run in stored["runs"].items():
+        if name == "vertumnus-adaptive":
+            continue
+        mean, p90 = (
+            run["replicas"][r] if "replicas" in run else (run["mean_ttft_s"], run["p90_ttft_s"])
+        )
+        runs[name] = {**run, "mean_ttft_s": mean, "p90_ttft_s": p90}
+        runs[name].pop("replicas", None)
+    return {**copy, "runs": runs}
+
+
 def combine(copies: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One cell from its copies (:func:`run_replica`, copy 0 first): copy 0's record,
     each pool judged on its mean and P90 averaged over the copies."""
@@ -292,7 +323,7 @@ def combine(copies: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return cell
 
 
-def _copy(args: tuple[str, str, str, bool, int | None, int]) -> dict[str, Any]:
+def _copy(args: tuple[str, str, str, bool, int | None, int, bool]) -> dict[str, Any]:
     return run_replica(*args)
 
 
@@ -365,22 +396,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"arrivals moved by up to {JITTER_S * 1e3:g} ms) and judge it on their mean "
         "(default 1: the stream once)",
     )
+    ap.add_argument(
+        "--fixed-from",
+        metavar="JSON",
+        help="run adaptive only and take the fixed compositions' runs from this earlier "
+        "output (same draws and replicas; for trying controller settings in a third of "
+        "the time)",
+    )
     ap.add_argument("--jobs", type=int, default=2, help="simulations in parallel (default 2)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
     parse_planner_settings(args.planner)  # fail early on a bad setting
+    stored: dict[tuple[str, str, int | None], dict[str, Any]] = {}
+    if args.fixed_from:
+        earlier = json.loads(Path(args.fixed_from).read_text())
+        drawn = earlier.get("draws")
+        if (
+            (drawn is None) != (args.draws is None)
+            or not set(args.draws or ()) <= set(drawn or ())
+            or earlier.get("replicas", 1) != args.replicas
+        ):
+            ap.error(
+                f"--fixed-from {args.fixed_from}: draws {earlier.get('draws')} and "
+                f"{earlier.get('replicas', 1)} replicas, this run {args.draws} and {args.replicas}"
+            )
+        stored = {(c["family"], c["load"], c["draw"]): c for c in earlier["cells"]}
     todo = [
-        (f, ld, args.planner, not args.no_rebalance, d, r)
+        (f, ld, args.planner, not args.no_rebalance, d, r, not args.fixed_from)
         for f in (args.family or FAMILIES)
         for ld in (args.load or LOADS)
         for d in (args.draws or [None])
         for r in range(args.replicas)
     ]
+    cells_needed = dict.fromkeys((f, ld, d) for f, ld, _, _, d, _, _ in todo)
+    missing = [k for k in cells_needed if args.fixed_from and k not in stored]
+    if missing:
+        ap.error(f"--fixed-from {args.fixed_from}: no cell {missing[0]} (family, load, draw)")
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         cells = []
         copies: list[dict[str, Any]] = []
         for copy in pool.map(_copy, todo):
+            if args.fixed_from:
+                key = (copy["family"], copy["load"], copy["draw"])
+                copy = with_stored_fixed(copy, stored[key], len(copies))
             copies.append(copy)
             if len(copies) < args.replicas:
                 continue
@@ -403,6 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "gpus": GPUS,
         "loads": LOADS,
         "planner": args.planner or "defaults",
+        "fixed_from": args.fixed_from,
         "rebalance": not args.no_rebalance,
         "draws": args.draws,
         "replicas": args.replicas,

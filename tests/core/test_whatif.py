@@ -801,8 +801,10 @@ def test_small_gains_that_add_up_move_the_pool(model):
     assert [v for v, _ in moves(0.5, 2, "ssssss")[:3]] == ["stay"] * 3
     # margin 0.7, persist 1: 0.404 at k = 3 is not met, 0.35 at k = 4 is.
     assert [v for v, _ in moves(0.7, 1, "ssss")] == ["stay", "stay", "stay", "trigger"]
-    # A window that gains nothing that way ("l": long requests a CP8 serves best)
-    # starts the count again.
+    # A window that loses that way ("l": long requests a CP8 serves best, -0.41)
+    # counts its loss: after "sl", five more "s" windows (mean 0.283 over 7, 0.265
+    # needed), where ending the lean at "l" and counting again would move after four.
+    assert [v for v, _ in moves(0.7, 1, "slsssss")] == ["stay"] * 6 + ["trigger"]
     assert [v for v, _ in moves(0.7, 1, "sslssss")] == ["stay"] * 6 + ["trigger"]
     # Off: only the margin's persistence moves, and nothing pays the margin.
     assert all(v == "stay" for v, _ in moves(0.5, 1, "ssssss", accumulate=False))

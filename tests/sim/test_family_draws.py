@@ -94,6 +94,40 @@ def test_a_cell_of_several_copies_is_judged_on_their_means():
     assert single["best_fixed_mean"] == "vertumnus:A" and "replicas" not in single
 
 
+def test_fixed_runs_from_an_earlier_output_judge_a_cell_as_if_run_again():
+    f = bench_script("families.py")
+
+    def copy(adaptive: tuple[float, float], a: tuple[float, float], b: tuple[float, float]):
+        def run(mean: float, p90: float) -> dict[str, float]:
+            return {"mean_ttft_s": mean, "p90_ttft_s": p90, "token_hit_rate": 0.5}
+
+        return {
+            "family": "toolagent",
+            "load": "light",
+            "draw": 0,
+            "requests": 10,
+            "runs": {
+                "vertumnus-adaptive": {**run(*adaptive), "reconfigurations": 1},
+                "vertumnus:A": run(*a),
+                "vertumnus:B": run(*b),
+            },
+        }
+
+    copies = [copy((1.0, 2.0), (0.9, 2.0), (1.0, 2.0)), copy((1.2, 2.2), (1.3, 2.4), (1.0, 2.1))]
+    stored = f.combine(copies)
+    # Adaptive alone, run again; the fixed compositions' copies read back from the cell.
+    alone = [{**c, "runs": {"vertumnus-adaptive": c["runs"]["vertumnus-adaptive"]}} for c in copies]
+    again = f.combine([f.with_stored_fixed(c, stored, r) for r, c in enumerate(alone)])
+    for key in ("best_fixed_mean", "best_fixed_p90", "adaptive_vs_best_mean"):
+        assert again[key] == stored[key]
+    assert again["adaptive_vs_best_p90"] == pytest.approx(stored["adaptive_vs_best_p90"])
+    assert again["replica0_adaptive_vs_best"] == pytest.approx(stored["replica0_adaptive_vs_best"])
+    assert again["runs"]["vertumnus:A"]["replicas"] == [[0.9, 2.0], [1.3, 2.4]]
+    # A cell of another stream is refused by name.
+    with pytest.raises(SystemExit, match="toolagent light draw 0 has 10 requests stored"):
+        f.with_stored_fixed({**alone[0], "requests": 11}, stored, 0)
+
+
 @pytest.mark.parametrize(
     ("flag", "bad"),
     [("--draws", b) for b in ("x", "0,-1", "")] + [("--replicas", b) for b in ("0", "x", "-2")],
@@ -102,3 +136,17 @@ def test_bad_draws_and_replicas_are_refused_by_name(capsys, flag, bad):
     with pytest.raises(SystemExit):
         bench_script("families.py").main([flag, bad])
     assert flag in capsys.readouterr().err
+
+
+def test_fixed_runs_of_other_draws_or_copies_are_refused(tmp_path, capsys):
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text('{"draws": [0, 1], "replicas": 3, "cells": []}')
+    families = bench_script("families.py")
+    for argv in (["--replicas", "2"], ["--draws", "0,2", "--replicas", "3"], []):
+        with pytest.raises(SystemExit):
+            families.main(["--fixed-from", str(earlier), *argv])
+        assert "--fixed-from" in capsys.readouterr().err
+    # The draws and copies match, but the earlier output has no such cell.
+    with pytest.raises(SystemExit):
+        families.main(["--fixed-from", str(earlier), "--draws", "1", "--replicas", "3"])
+    assert "no cell ('mooncake', 'light', 1)" in capsys.readouterr().err

@@ -250,16 +250,19 @@ class PlannerSettings:
     following its cycle (docs/benchmarks/adaptive.md, "A look every 2.5 s")."""
     whatif_accumulate: bool = True
     """Small gains that add up: a candidate that gains less than
-    ``whatif_margin`` but gains, the same way, window after window is taken as
-    the persistence rule takes one above it, once ``k`` ≥ 2·``persist_windows``
-    disjoint windows in a row gained ``whatif_margin`` · √(``persist_windows``
-    / ``k``) of the mean on average (each window's best candidate by mean,
-    its P90 within the margin; ``k`` is at most 8·``persist_windows``, so the
-    gain needed never falls below a third of the margin): the margin guards
-    one window's estimate against noise, and the noise of an average of ``k``
-    shrinks as 1/√k. Meets the phases whose best composition is 1–3 % better,
-    which the margin alone never does. False: the margin's persistence only
-    (docs/benchmarks/adaptive.md, "Small gains that add up")."""
+    ``whatif_margin`` but gains, the same way, on average over window after
+    window is taken as the persistence rule takes one above it, once ``k`` ≥
+    2·``persist_windows`` disjoint windows of that lean gained
+    ``whatif_margin`` · √(``persist_windows`` / ``k``) of the mean on average
+    (each window's best candidate that way by mean, its P90 within the margin;
+    a window where that way loses counts its loss while no other way gains;
+    ``k`` is at most 8·``persist_windows``, so the gain needed never falls
+    below a third of the margin): the margin guards one window's estimate
+    against noise, and the noise of an average of ``k`` shrinks as 1/√k.
+    Meets the phases whose best composition is 1–3 % better, which the margin
+    alone never does. False: the margin's persistence only
+    (docs/benchmarks/adaptive.md, "Small gains that add up" and "The lean
+    counts the windows it loses")."""
     whatif_agree: bool = True
     """A move by persistence also needs the looks between its windows to agree.
     Persistence counts whole disjoint windows, every ``check_hops``-th look, and
