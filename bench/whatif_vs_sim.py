@@ -16,7 +16,12 @@ stretch of a workload, so that a bias shows as two ratios that disagree:
 ``--no-reuse SCALE`` gives every request unique block keys (no prefix reuse at
 all) and stretches arrivals by SCALE to keep the load comparable: the check of
 queueing and placement alone. ``--beta-busy`` sets β_busy on both sides.
-``--ties first`` adds a third column: the replay breaking ties as placement
+``--windows SECONDS`` also replays the scored requests window by window, as the
+controller does (each window cold, with the cached tokens of the first
+composition), and prints each composition's gain over the first: the mean over
+the windows and their standard deviation, i.e. how noisy one window's
+estimate is. ``--phases SPEC`` (with ``--seed``) reshapes ``--trace`` as
+``vertumnus simulate --phases`` does. ``--ties first`` adds a third column: the replay breaking ties as placement
 did until 2026-12-04 (of equal costs the lower worker, so the first idle worker
 takes a request no cache draws) instead of giving it the longest-idle worker,
 as the shipped replay and, since then, placement do (:func:`first_idle_replay`;
@@ -28,6 +33,9 @@ worker").
     python bench/whatif_vs_sim.py --trace synthetic:preset=toolagent,mean_rate=44,duration_s=900 \\
         --no-reuse 4.5
     python bench/whatif_vs_sim.py --family toolagent --load moderate --draw 1 --ties first
+    python bench/whatif_vs_sim.py --trace ../shared/traces/mooncake/conversation_trace.jsonl \
+        --phases "1125s:rate=2.5,long=5" --seed 3 --windows 20 \
+        --compositions 4xCP4+3xCP8,2xCP4+4xCP8,6xCP4+2xCP8
 
 Prints one line per composition; ~30 s per run on 2 cores.
 """
@@ -43,6 +51,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import families  # noqa: E402  (the workload families and their cells)
@@ -54,13 +64,17 @@ from vertumnus.core.policies.vertumnus import CostModelPolicy  # noqa: E402
 from vertumnus.core.types import Composition, Request  # noqa: E402
 from vertumnus.profiles import load_model  # noqa: E402
 from vertumnus.sim.engine import PoolConfig, Simulation  # noqa: E402
+from vertumnus.sim.phases import apply_phases  # noqa: E402
 from vertumnus.sim.traces import Trace, load_trace  # noqa: E402
 
 
 def _stream(args: argparse.Namespace) -> tuple[Trace, float]:
     """The requests and the time scoring starts at."""
     if args.trace:
-        return load_trace(args.trace), args.skip_s
+        trace = load_trace(args.trace)
+        if args.phases:
+            trace, _ = apply_phases(trace, args.phases, seed=args.seed)
+        return trace, args.skip_s
     if not (args.family and args.load):
         raise SystemExit("give --trace SPEC, or --family and --load (and --draw)")
     trace, _ = families.workload(args.family, args.load, args.draw)
@@ -152,6 +166,8 @@ class Comparison(NamedTuple):
     requests: int
     first_idle_s: list[float]
     """The replay with placement's former tie-break (empty unless asked for)."""
+    cached: dict[int, int]
+    """Request id → the tokens it reused on the first composition."""
 
 
 def compare(
@@ -188,7 +204,39 @@ def compare(
         [whatif.estimate(table, c, params, variant=first_idle_replay).mean_s for c in comps]
         if first_idle
         else [],
+        cached,
     )
+
+
+def window_gains(
+    requests: list[Request],
+    cached: dict[int, int],
+    block_size: int,
+    comps: list[Composition],
+    params: PlacementParams,
+    skip_s: float,
+    window_s: float,
+) -> np.ndarray:
+    """Per window of ``window_s`` from ``skip_s`` on (of at least 20 requests), each
+    composition's estimated gain over the first, the window replayed on its own as the
+    controller replays one: rows are windows, columns compositions."""
+    model = load_model()
+    degrees = sorted({d for c in comps for d in c.degrees})
+    gains = []
+    start, end = skip_s, max(q.arrival_s for q in requests)
+    while start + window_s <= end:
+        rows = [
+            (q.arrival_s, q.length, cached[q.id], q.block_keys)
+            for q in requests
+            if start <= q.arrival_s < start + window_s
+        ]
+        start += window_s
+        if len(rows) < 20:
+            continue
+        table = whatif.RequestTable(rows, block_size, model, degrees)
+        means = [whatif.estimate(table, c, params).mean_s for c in comps]
+        gains.append([1.0 - m / means[0] for m in means])
+    return np.array(gains).reshape(-1, len(comps))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,6 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--family", choices=sorted(families.FAMILIES))
     ap.add_argument("--load", choices=sorted(families.LOADS))
     ap.add_argument("--draw", type=int, help="the family cell's draw (scored after its warm-up)")
+    ap.add_argument("--phases", help="with --trace: reshape it, as `vertumnus simulate --phases`")
+    ap.add_argument("--seed", type=int, default=0, help="the seed of --phases (default 0)")
+    ap.add_argument(
+        "--windows", type=float, metavar="SECONDS", help="also the replay window by window"
+    )
     ap.add_argument("--compositions", default="10xCP4,8xCP4+1xCP8")
     ap.add_argument("--skip-s", type=float, default=225.0, help="score from here on (default 225)")
     ap.add_argument(
@@ -216,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     if args.no_reuse is not None and args.no_reuse <= 0:
         ap.error(f"--no-reuse wants a positive scale, got {args.no_reuse}")
+    if args.windows is not None and args.windows <= 0:
+        ap.error(f"--windows wants a positive length in seconds, got {args.windows}")
+    if args.phases and not args.trace:
+        ap.error("--phases reshapes --trace; give --trace too")
     trace, skip = _stream(args)
     requests = list(trace.requests)
     if args.no_reuse is not None:
@@ -229,6 +286,20 @@ def main(argv: list[str] | None = None) -> int:
     for i, comp in enumerate(comps):
         line = "   ".join(f"{name} {v[i]:.4f} s ({v[i] / v[0] - 1:+.1%})" for name, v in columns)
         print(f"  {str(comp):<16} {line}")
+    if args.windows:
+        gains = window_gains(
+            requests, got.cached, trace.block_size, comps, params, skip, args.windows
+        )
+        print(
+            f"{len(gains)} windows of {args.windows:g} s replayed one by one; gain over the first:"
+        )
+        for i, comp in enumerate(comps[1:], start=1):
+            g = gains[:, i] if len(gains) else np.zeros(0)
+            sim_gain = 1.0 - got.sim_s[i] / got.sim_s[0]
+            print(
+                f"  {str(comp):<16} simulator, whole {sim_gain:+.1%}   windows: mean "
+                f"{g.mean() if g.size else 0.0:+.1%}, sd {g.std() if g.size else 0.0:.1%}"
+            )
     return 0
 
 

@@ -24,7 +24,7 @@ def test_without_reuse_the_replay_is_the_simulator():
     assert len(keys) == len(set(keys))
     assert [q.arrival_s for q in requests] == [2.0 * q.arrival_s for q in trace.requests]
     comps = [Composition.parse("10xCP4"), Composition.parse("6xCP4+2xCP8")]
-    sim_s, replay_s, n, first_idle_s = b.compare(
+    sim_s, replay_s, n, first_idle_s, _ = b.compare(
         requests, trace.block_size, comps, PlacementParams(), 20.0, first_idle=True
     )
     assert n == sum(q.arrival_s >= 20.0 for q in requests) > 100
@@ -39,11 +39,39 @@ def test_without_reuse_the_replay_is_the_simulator():
     assert sim_s[0] > 1.01 * service
 
 
+def test_windows_are_replayed_one_by_one_as_the_controller_replays_them():
+    b = bench_script("whatif_vs_sim.py")
+    trace = load_trace("synthetic:duration_s=120,mean_rate=30", seed=3)
+    requests = list(trace.requests)
+    comps = [Composition.parse("10xCP4"), Composition.parse("6xCP4+2xCP8")]
+    params = PlacementParams()
+    got = b.compare(requests, trace.block_size, comps, params, 20.0)
+    assert set(got.cached) == {q.id for q in requests}
+    gains = b.window_gains(requests, got.cached, trace.block_size, comps, params, 20.0, 25.0)
+    # 20-45, 45-70, 70-95 s: the window 95-120 s would end past the last arrival.
+    assert gains.shape == (3, 2)
+    assert (gains[:, 0] == 0.0).all()
+    window = [
+        (q.arrival_s, q.length, got.cached[q.id], q.block_keys)
+        for q in requests
+        if 45.0 <= q.arrival_s < 70.0
+    ]
+    table = whatif.RequestTable(window, trace.block_size, load_model(), (4, 8))
+    e = [whatif.estimate(table, c, params).mean_s for c in comps]
+    assert gains[1, 1] == pytest.approx(1.0 - e[1] / e[0], rel=1e-12)
+
+
 def test_bad_arguments_are_refused_by_name(capsys):
     b = bench_script("whatif_vs_sim.py")
     with pytest.raises(SystemExit):
         b.main(["--trace", "synthetic:duration_s=10", "--no-reuse", "0"])
     assert "--no-reuse" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        b.main(["--trace", "synthetic:duration_s=10", "--windows", "-5"])
+    assert "--windows" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        b.main(["--family", "toolagent", "--load", "light", "--phases", "10s:rate=1"])
+    assert "--phases reshapes --trace" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="--trace SPEC"):
         b.main([])
 
