@@ -170,6 +170,18 @@ class Comparison(NamedTuple):
     """Request id → the tokens it reused on the first composition."""
 
 
+def replay_rows(
+    requests: list[Request], cached: dict[int, int], start: float, end: float
+) -> list[tuple[float, int, int, tuple[int, ...]]]:
+    """The replay's rows of the requests arriving in [``start``, ``end``), with the
+    tokens each reused on the first composition (``cached``)."""
+    return [
+        (q.arrival_s, q.length, cached[q.id], q.block_keys)
+        for q in requests
+        if start <= q.arrival_s < end
+    ]
+
+
 def compare(
     requests: list[Request],
     block_size: int,
@@ -190,11 +202,7 @@ def compare(
         sim_s.append(summarize(done).mean_ttft_s - pool.t_ext_s)
         if not cached:
             cached = {c.request_id: c.cached_tokens for c in run.completions}
-    rows = [
-        (q.arrival_s, q.length, cached[q.id], q.block_keys)
-        for q in requests
-        if q.arrival_s >= skip_s
-    ]
+    rows = replay_rows(requests, cached, skip_s, math.inf)
     degrees = sorted({d for c in comps for d in c.degrees})
     table = whatif.RequestTable(rows, block_size, model, degrees)
     return Comparison(
@@ -225,11 +233,7 @@ def window_gains(
     gains = []
     start, end = skip_s, max(q.arrival_s for q in requests)
     while start + window_s <= end:
-        rows = [
-            (q.arrival_s, q.length, cached[q.id], q.block_keys)
-            for q in requests
-            if start <= q.arrival_s < start + window_s
-        ]
+        rows = replay_rows(requests, cached, start, start + window_s)
         start += window_s
         if len(rows) < 20:
             continue
@@ -293,12 +297,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{len(gains)} windows of {args.windows:g} s replayed one by one; gain over the first:"
         )
-        for i, comp in enumerate(comps[1:], start=1):
-            g = gains[:, i] if len(gains) else np.zeros(0)
+        for i, comp in enumerate(comps[1:], start=1) if len(gains) else ():
             sim_gain = 1.0 - got.sim_s[i] / got.sim_s[0]
             print(
                 f"  {str(comp):<16} simulator, whole {sim_gain:+.1%}   windows: mean "
-                f"{g.mean() if g.size else 0.0:+.1%}, sd {g.std() if g.size else 0.0:.1%}"
+                f"{gains[:, i].mean():+.1%}, sd {gains[:, i].std():.1%}"
             )
     return 0
 

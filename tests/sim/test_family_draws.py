@@ -61,22 +61,28 @@ def test_a_replica_moves_every_arrival_by_less_than_the_jitter_and_nothing_else(
     assert [r.arrival_s for r in one] == sorted(r.arrival_s for r in one)
 
 
+def copy(adaptive: tuple[float, float], a: tuple[float, float], b: tuple[float, float]):
+    """One copy of a toolagent light cell (10 requests): adaptive and two fixed
+    compositions, A and B, each as (mean, P90)."""
+
+    def run(mean: float, p90: float) -> dict[str, float]:
+        return {"mean_ttft_s": mean, "p90_ttft_s": p90, "token_hit_rate": 0.5}
+
+    return {
+        "family": "toolagent",
+        "load": "light",
+        "draw": 0,
+        "requests": 10,
+        "runs": {
+            "vertumnus-adaptive": {**run(*adaptive), "reconfigurations": 1},
+            "vertumnus:A": run(*a),
+            "vertumnus:B": run(*b),
+        },
+    }
+
+
 def test_a_cell_of_several_copies_is_judged_on_their_means():
     f = bench_script("families.py")
-
-    def copy(adaptive: tuple[float, float], a: tuple[float, float], b: tuple[float, float]):
-        def run(mean: float, p90: float) -> dict[str, float]:
-            return {"mean_ttft_s": mean, "p90_ttft_s": p90, "token_hit_rate": 0.5}
-
-        return {
-            "family": "toolagent",
-            "draw": 0,
-            "runs": {
-                "vertumnus-adaptive": {**run(*adaptive), "reconfigurations": 1},
-                "vertumnus:A": run(*a),
-                "vertumnus:B": run(*b),
-            },
-        }
 
     # A is luckier on copy 0, B better on average.
     cell = f.combine(
@@ -96,22 +102,6 @@ def test_a_cell_of_several_copies_is_judged_on_their_means():
 
 def test_fixed_runs_from_an_earlier_output_judge_a_cell_as_if_run_again():
     f = bench_script("families.py")
-
-    def copy(adaptive: tuple[float, float], a: tuple[float, float], b: tuple[float, float]):
-        def run(mean: float, p90: float) -> dict[str, float]:
-            return {"mean_ttft_s": mean, "p90_ttft_s": p90, "token_hit_rate": 0.5}
-
-        return {
-            "family": "toolagent",
-            "load": "light",
-            "draw": 0,
-            "requests": 10,
-            "runs": {
-                "vertumnus-adaptive": {**run(*adaptive), "reconfigurations": 1},
-                "vertumnus:A": run(*a),
-                "vertumnus:B": run(*b),
-            },
-        }
 
     copies = [copy((1.0, 2.0), (0.9, 2.0), (1.0, 2.0)), copy((1.2, 2.2), (1.3, 2.4), (1.0, 2.1))]
     stored = f.combine(copies)

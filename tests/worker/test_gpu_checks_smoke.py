@@ -14,15 +14,19 @@ from vertumnus.profiles import read_profile_csv
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_every_gpu_check_runs_tiny_on_cpu(tmp_path):
-    env = {**os.environ, "VERTUMNUS_CPU_SMOKE": "1"}
+def run_checks(out: Path, **env: str) -> None:
+    """``bench/gpu/h200_all.sh out``, tiny on CPU, with ``env`` added."""
     subprocess.run(
-        ["bash", str(ROOT / "bench/gpu/h200_all.sh"), str(tmp_path)],
-        env=env,
+        ["bash", str(ROOT / "bench/gpu/h200_all.sh"), str(out)],
+        env={**os.environ, "VERTUMNUS_CPU_SMOKE": "1", **env},
         check=True,
         timeout=300,
         capture_output=True,
     )
+
+
+def test_every_gpu_check_runs_tiny_on_cpu(tmp_path):
+    run_checks(tmp_path)
     steps = (tmp_path / "steps.log").read_text()
     assert "zigzag_h200 exit 0" in steps and "profile exit 0" in steps, steps
     assert "torch" in (tmp_path / "machine.txt").read_text()
@@ -36,14 +40,7 @@ def test_every_gpu_check_runs_tiny_on_cpu(tmp_path):
 
 
 def test_gpu_steps_picks_which_checks_run(tmp_path):
-    env = {**os.environ, "VERTUMNUS_CPU_SMOKE": "1", "VERTUMNUS_GPU_STEPS": "profile"}
-    subprocess.run(
-        ["bash", str(ROOT / "bench/gpu/h200_all.sh"), str(tmp_path)],
-        env=env,
-        check=True,
-        timeout=300,
-        capture_output=True,
-    )
+    run_checks(tmp_path, VERTUMNUS_GPU_STEPS="profile")
     steps = (tmp_path / "steps.log").read_text()
     assert "profile exit 0" in steps and "zigzag" not in steps, steps
     assert not (tmp_path / "h200.json").exists()
