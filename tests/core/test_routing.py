@@ -76,6 +76,41 @@ def test_the_longest_idle_of_equally_good_workers_takes_the_next_request():
     assert [core.worker(w).free_at for w in range(3)] == pytest.approx([10.7, 10.6, 10.5])
 
 
+class FirstThen(CostModelPolicy):
+    """Places the requests of ``table`` where it says, every other one by the cost model."""
+
+    def __init__(self, table: dict[int, int]) -> None:
+        super().__init__()
+        self.table = table
+
+    def decide(self, request: Request, pool: PoolView) -> RouteDecision | None:
+        if request.id in self.table:
+            return decision_at(request, self.table[request.id], pool)
+        return super().decide(request, pool)
+
+
+def test_a_worker_whose_queue_emptied_is_idle_exactly():
+    """Ê added and subtracted in queue order leave a rounding residue (here +1.1e-16 s
+    after 1.1, 0.7, 0.3 and 0.43 s): an emptied queue must hold exactly no work, or
+    the idle worker counts as busy to the tie-break and loses the next request to
+    one idle for less time (it did, until 2026-12-04)."""
+    core = core_with(FirstThen({0: 0, 1: 0, 2: 0, 3: 0, 4: 1}), 1, 1)
+    for rid, length in enumerate([1100, 700, 300, 430]):
+        core.schedule(req(rid, length=length), now=0.0)
+    t = 0.0
+    for rid, length in enumerate([1100, 700, 300, 430]):
+        core.started(rid, now=t, until=t + length * 1e-3)
+        t += length * 1e-3
+        core.finished(rid)
+    core.schedule(req(4, length=500), now=3.0)  # worker 1: idle since 3.5 s
+    core.started(4, now=3.0, until=3.5)
+    core.finished(4)
+    core.refresh(now=10.0)
+    assert (core.worker(0).outstanding_s, core.worker(0).queued) == (0.0, 0)
+    # Both idle, equal cost: worker 0 has been idle longest (since 2.53 s).
+    assert core.schedule(req(5), now=10.0).worker == 0
+
+
 def test_outstanding_work_follows_started_and_finished():
     core = core_with(To(0), 1)
     a = core.schedule(req(0), now=0.0)
@@ -182,8 +217,9 @@ def test_a_forwarded_request_stays_queued_but_cannot_be_withdrawn():
 
 
 def test_shared_outstanding_work_is_never_below_zero():
-    """Estimates added and subtracted leave rounding residue (here -5.6e-17 after the
-    last one leaves); what a replica shares with the others must still be >= 0."""
+    """Estimates added and subtracted leave rounding residue (this sequence left
+    -5.6e-17 after the last one, until an emptied queue was set to exactly 0); what a
+    replica shares with the others must be >= 0, and 0 once the queue is empty."""
     core = core_with(To(0), 1)
     for i, length in enumerate([1100, 700, 700, 300]):
         core.schedule(req(i, length=length), now=0.0)

@@ -92,6 +92,18 @@ class _Load:
     reconcile (:mod:`vertumnus.core.reconcile`)."""
 
 
+def _unqueue(load: _Load, estimate_s: float) -> None:
+    """A request of Ê ``estimate_s`` leaves ``load``'s queue (it starts, or it failed).
+
+    An empty queue holds no work, exactly: the running sum of Ê added and
+    subtracted leaves a rounding residue (up to 5e-16 s measured), and an idle
+    worker with one counted as busy to placement's tie-break (``outstanding_s``
+    > 0) and had its cost moved by an ulp, so ties among idle workers went to
+    whichever had no residue rather than to the longest idle."""
+    load.state.queued -= 1
+    load.queued_estimate_s = load.queued_estimate_s - estimate_s if load.state.queued else 0.0
+
+
 @dataclass(slots=True)
 class _Placed:
     request: Request
@@ -321,8 +333,7 @@ class RoutingCore:
                 f"{load.running} is still running"
             )
         placed.started = True
-        load.queued_estimate_s -= placed.decision.estimate_s
-        load.state.queued -= 1
+        _unqueue(load, placed.decision.estimate_s)
         load.state.running = 1
         load.running = request_id
         load.state.free_at = until
@@ -338,9 +349,7 @@ class RoutingCore:
         is released and the request is returned, for the shell to place again."""
         placed = self._placed.pop(request_id)
         if not placed.started:
-            load = self._loads[placed.decision.worker]
-            load.queued_estimate_s -= placed.decision.estimate_s
-            load.state.queued -= 1
+            _unqueue(self._loads[placed.decision.worker], placed.decision.estimate_s)
         self._release(placed)
         return placed.request
 
