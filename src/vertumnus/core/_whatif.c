@@ -17,10 +17,8 @@
  * Where it differs in *how*, for speed (22 % fewer instructions, counted by
  * callgrind): a degree's workers are an indexed heap whose chosen worker sifts
  * down in place (the Python twin pushes a new entry and drops stale ones
- * lazily: the same top); a request's holders are marked and costed in one
- * pass, with a hit's cost (b + lam)·Ê computed once per degree, instead of
- * looked up once per degree and costed after (5-8 % fewer instructions on
- * 192-704 workers, callgrind, 2026-12-04); a waiting worker has one entry in the
+ * lazily: the same top); a request's holders are marked once per request
+ * instead of looked up once per degree; a waiting worker has one entry in the
  * pending heap, moved on to its latest request's start when the first is
  * passed, instead of one per waiting request (the same count of waiting
  * workers at every arrival); and a composition of some of the table's degrees
@@ -187,8 +185,7 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Heap pending = {NULL, 0, 0};
     Py_ssize_t *pos = NULL, *mark = NULL;
     Holders *holders = NULL;
-    double *free_t = NULL, *last_start = NULL, *lam = NULL, *hit_cost = NULL;
-    double hold_cost[HOLDERS], hold_start[HOLDERS];
+    double *free_t = NULL, *last_start = NULL, *lam = NULL;
     Py_ssize_t *row_of = NULL;
     const double **hit_row = NULL, **miss_row = NULL; /* per degree of the composition */
     char *waiting = NULL;
@@ -240,10 +237,9 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     heaps = PyMem_Calloc((size_t)rows, sizeof(WHeap));
     lam = PyMem_Calloc((size_t)rows, sizeof(double));
-    hit_cost = PyMem_Calloc((size_t)rows, sizeof(double));
     hit_row = PyMem_Calloc((size_t)rows, sizeof(double *));
     miss_row = PyMem_Calloc((size_t)rows, sizeof(double *));
-    if (heaps == NULL || lam == NULL || hit_cost == NULL || hit_row == NULL || miss_row == NULL) {
+    if (heaps == NULL || lam == NULL || hit_row == NULL || miss_row == NULL) {
         PyErr_NoMemory();
         Py_DECREF(starts);
         Py_DECREF(lam_seq);
@@ -350,30 +346,17 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         double b = extra != 0.0 ? beta + extra * (double)n_waiting / (double)n_workers : beta;
         long long pid = reused_t[i];
         Holders *hold = (pid >= 0 && pid < n_prefixes) ? &holders[pid] : NULL;
-        /* A hit's cost at a degree, (b + lam)·Ê: once per degree, not per holder
-         * (the same product, so the same float). */
-        for (Py_ssize_t k = 0; k < rows; k++)
-            hit_cost[k] = (b + lam[k]) * hit_row[k][i];
-        /* The holders of this request's prefix: marked (a degree's least-loaded
-         * worker may be one) and costed in one pass; their minimum is taken
-         * after the degrees', in the same order as replay_py. */
-        Py_ssize_t n_hold = hold != NULL ? hold->n : 0;
-        for (Py_ssize_t j = 0; j < n_hold; j++) {
-            Py_ssize_t hw = hold->w[j];
-            double f = free_t[hw];
-            mark[hw] = i + 1;
-            hold_start[j] = f > at ? f : at;
-            hold_cost[j] = (hold_start[j] - at) + hit_cost[row_of[hw]];
-        }
+        if (hold != NULL)
+            for (Py_ssize_t j = 0; j < hold->n; j++)
+                mark[hold->w[j]] = i + 1; /* the holders of this request's prefix */
         Py_ssize_t best_w = -1;
         double best_cost = INFINITY, best_start = 0.0, best_e = 0.0;
         for (Py_ssize_t k = 0; k < rows; k++) {
             Py_ssize_t top = heaps[k].w[0];
             double f = free_t[top];
-            int held = mark[top] == i + 1;
-            double e = held ? hit_row[k][i] : miss_row[k][i];
+            double e = mark[top] == i + 1 ? hit_row[k][i] : miss_row[k][i];
             double start = f > at ? f : at;
-            double cost = (start - at) + (held ? hit_cost[k] : (b + lam[k]) * e);
+            double cost = (start - at) + (b + lam[k]) * e;
             if (cost < best_cost) {
                 best_w = top;
                 best_cost = cost;
@@ -381,12 +364,20 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 best_e = e;
             }
         }
-        for (Py_ssize_t j = 0; j < n_hold; j++) {
-            if (hold_cost[j] < best_cost) {
-                best_w = hold->w[j];
-                best_cost = hold_cost[j];
-                best_start = hold_start[j];
-                best_e = hit_row[row_of[best_w]][i];
+        if (hold != NULL) {
+            for (Py_ssize_t j = 0; j < hold->n; j++) {
+                Py_ssize_t hw = hold->w[j];
+                Py_ssize_t k = row_of[hw];
+                double f = free_t[hw];
+                double e = hit_row[k][i];
+                double start = f > at ? f : at;
+                double cost = (start - at) + (b + lam[k]) * e;
+                if (cost < best_cost) {
+                    best_w = hw;
+                    best_cost = cost;
+                    best_start = start;
+                    best_e = e;
+                }
             }
         }
         if (best_w < 0) {
@@ -444,7 +435,6 @@ done:
     PyMem_Free(mark);
     PyMem_Free(waiting);
     PyMem_Free(lam);
-    PyMem_Free(hit_cost);
     PyMem_Free((void *)hit_row);
     PyMem_Free((void *)miss_row);
     if (arr.obj) PyBuffer_Release(&arr);
