@@ -265,8 +265,9 @@ class RoutingCore:
         for w, load in self._loads.items():
             until = load.state.free_at
             rest = until - now if load.running is not None and until > now else 0.0
-            # The queued sum is kept by adding and subtracting estimates, which can
-            # leave a rounding residue below zero (-1e-19): shared as no work.
+            # An emptied queue holds exactly 0 (_unqueue); a queue still holding
+            # requests sums positive estimates, less a residue far smaller than
+            # them. The guard keeps what is shared >= 0 even so.
             out[w] = max(0.0, load.queued_estimate_s) + rest
         return out
 
