@@ -7,13 +7,19 @@ runs, for each mix and seed, every fixed composition of the CP4/CP8 lattice
 (for the best single one and the per-phase oracle, as ``bench/time_varying.py``
 defines them) and the adaptive pool under each ``--planner`` setting, side by
 side on the same draws, and reports the captured share per draw, per mix (mean
-and least) and overall.
+and least) and overall, and where adaptive lost to the oracle: per phase, its mean
+TTFT there against that phase's best fixed composition, weighted by the phase's share
+of the requests (``phase_loss_ms``; they add up to adaptive's mean minus the
+oracle's), with the what-if check's verdicts of each run (``damped`` counts the looks
+flap damping held a merge back).
 
 Writes ``docs/benchmarks/adaptive_mix_seeds.json``. Run::
 
     python bench/mix_seeds.py                      # seeds 0-5, ~10 min on 2 cores
     python bench/mix_seeds.py --seeds 0,1 --mixes calibration --planner "" \\
         --planner whatif_accumulate=false --out /tmp/seeds.json
+    python bench/mix_seeds.py --mixes calibration --seeds 0-17 --planner "" \\
+        --out docs/benchmarks/adaptive_mix_seeds_calibration.json   # ~9 min
 """
 
 from __future__ import annotations
@@ -59,12 +65,27 @@ def _fixed(job: tuple[str, int, str]) -> tuple[str, int, str, float, list[tuple[
     )
 
 
-def _adaptive(job: tuple[str, int, str]) -> tuple[str, int, str, float, int]:
+def _adaptive(job: tuple[str, int, str]) -> tuple[str, int, str, dict[str, Any]]:
     mix, seed, spec = job
     trace, bounds = workload(MIXES[mix], seed)
     opts = AdaptiveOptions(control=parse_planner_settings(spec))
-    res, wall, _ = run_adaptive(trace, opts)
-    return mix, seed, spec, report(res, bounds, wall)["mean_ttft_s"], res.reconfigurations
+    res, wall, sim = run_adaptive(trace, opts)
+    rep = report(res, bounds, wall)
+    verdicts: dict[str, int] = {}
+    for w in sim.attachments["controller"].windows:
+        if w.get("whatif"):
+            verdicts[w["whatif"]["verdict"]] = verdicts.get(w["whatif"]["verdict"], 0) + 1
+    return (
+        mix,
+        seed,
+        spec,
+        {
+            "mean_ttft_s": rep["mean_ttft_s"],
+            "reconfigurations": res.reconfigurations,
+            "phases": [p["mean_ttft_s"] for p in rep["phases"]],
+            "whatif_verdicts": verdicts,
+        },
+    )
 
 
 def oracle(fixed: dict[str, tuple[float, list[tuple[float, int]]]]) -> tuple[str, float, float]:
@@ -79,9 +100,39 @@ def oracle(fixed: dict[str, tuple[float, list[tuple[float, int]]]]) -> tuple[str
     return single, fixed[single][0], total / n
 
 
+def phase_losses(
+    fixed: dict[str, tuple[float, list[tuple[float, int]]]], adaptive_phases: Sequence[float]
+) -> list[float]:
+    """Per phase, what adaptive's mean TTFT lost there against that phase's best fixed
+    composition, weighted by the phase's share of the requests (ms): they add up to
+    adaptive's mean minus the per-phase oracle's, so they say where it lost."""
+    runs = list(fixed.values())
+    n = sum(requests for _, requests in runs[0][1])
+    out = []
+    for i, mine in enumerate(adaptive_phases):
+        best, requests = min((v[1][i] for v in runs), key=lambda p: p[0])
+        out.append((mine - best) * requests / n * 1e3)
+    return out
+
+
+def _seeds(text: str) -> list[int]:
+    """``0,1,2`` or ``0-17`` (or both, ``0-5,9``): the seeds, in order; ValueError if not."""
+    out: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        first, sep, last = part.partition("-")
+        if sep and first:
+            lo, hi = int(first), int(last)
+            if hi < lo:
+                raise ValueError(part)
+            out.extend(range(lo, hi + 1))
+        else:
+            out.append(int(part))
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", default="0,1,2,3,4,5", help="comma-separated seeds")
+    ap.add_argument("--seeds", default="0-5", help="comma-separated seeds or ranges (0-17)")
     ap.add_argument("--mixes", default=",".join(MIXES), help=f"some of {','.join(MIXES)}")
     ap.add_argument(
         "--planner",
@@ -93,9 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=OUT / "adaptive_mix_seeds.json")
     args = ap.parse_args(argv)
     try:
-        seeds = [int(s) for s in args.seeds.split(",")]
+        seeds = _seeds(args.seeds)
     except ValueError:
-        ap.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
+        ap.error(f"--seeds must be comma-separated integers or ranges (0-17), got {args.seeds!r}")
     mixes = [m.strip() for m in args.mixes.split(",") if m.strip()]
     unknown = [m for m in mixes if m not in MIXES]
     if unknown:
@@ -111,15 +162,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     comps = [str(c) for c in planner.enumerate_lattice(GPUS, (4, 8))]
     t0 = time.perf_counter()
     fixed: dict[tuple[str, int], dict[str, Any]] = {}
-    adaptive: dict[tuple[str, int, str], tuple[float, int]] = {}
+    adaptive: dict[tuple[str, int, str], dict[str, Any]] = {}
     with ProcessPoolExecutor(args.jobs) as ex:
         jobs = [(m, s, c) for m in mixes for s in seeds for c in comps]
         for mix, seed, comp, mean, phases in ex.map(_fixed, jobs):
             fixed.setdefault((mix, seed), {})[comp] = (mean, phases)
         print(f"fixed lattice: {len(jobs)} runs, {time.perf_counter() - t0:.0f} s", flush=True)
         jobs2 = [(m, s, p) for m in mixes for s in seeds for p in specs]
-        for mix, seed, spec, mean, rc in ex.map(_adaptive, jobs2):
-            adaptive[(mix, seed, spec)] = (mean, rc)
+        for mix, seed, spec, run in ex.map(_adaptive, jobs2):
+            adaptive[(mix, seed, spec)] = run
     draws = []
     for (mix, seed), runs in fixed.items():
         single, single_mean, oracle_mean = oracle(runs)
@@ -132,12 +183,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "adaptive": {},
         }
         for spec in specs:
-            mean, rc = adaptive[(mix, seed, spec)]
-            captured = (single_mean - mean) / (single_mean - oracle_mean)
+            run = adaptive[(mix, seed, spec)]
+            mean = run["mean_ttft_s"]
             row["adaptive"][spec] = {
                 "mean_ttft_s": mean,
-                "captured": captured,
-                "reconfigurations": rc,
+                "captured": (single_mean - mean) / (single_mean - oracle_mean),
+                "reconfigurations": run["reconfigurations"],
+                "phase_loss_ms": phase_losses(runs, run["phases"]),
+                "whatif_verdicts": run["whatif_verdicts"],
             }
         draws.append(row)
     summary: dict[str, Any] = {}
@@ -146,6 +199,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for mix in mixes:
             caps = [d["adaptive"][spec]["captured"] for d in draws if d["mix"] == mix]
             per_mix[mix] = {"mean": sum(caps) / len(caps), "least": min(caps)}
+            losses = [d["adaptive"][spec]["phase_loss_ms"] for d in draws if d["mix"] == mix]
+            per_mix[mix]["phase_loss_ms"] = [
+                sum(col) / len(col) for col in zip(*losses, strict=True)
+            ]
         caps = [d["adaptive"][spec]["captured"] for d in draws]
         summary[spec or "(defaults)"] = {"per_mix": per_mix, "mean": sum(caps) / len(caps)}
     data = {
@@ -164,6 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for m, v in s["per_mix"].items()
         )
         print(f"{spec:28s} all {s['mean'] * 100:.1f} %  {mixes_line}")
+        for m, v in s["per_mix"].items():
+            where = ", ".join(f"{x:.2f}" for x in v["phase_loss_ms"])
+            print(f"{'':28s} {m}: lost to the oracle per phase, mean of the draws (ms): {where}")
     print(f"wrote {args.out} ({time.perf_counter() - t0:.0f} s)")
     return 0
 

@@ -723,6 +723,28 @@ def test_merges_are_damped_once_the_pool_flaps(model):
     assert [t.target for t in free][:4] == ["2xCP4", "1xCP8", "2xCP4", "1xCP8"]
 
 
+def test_a_light_stretch_that_outlasts_the_horizon_is_merged_for_all_the_damping(model):
+    # Split, merge back, split again (two flaps), then long requests window after
+    # window: the merge is damped until every look of the check's horizon (3
+    # windows here) on 2xCP4 estimated that it pays, and then made. A window
+    # where the merge does not pay ("s") starts the count again.
+    ps = settings(min_requests=4, damp_flaps=2, flap_s=120.0, damp_s=1200.0, whatif_horizon=3)
+
+    def moves(windows: str, restart: str = ""):  # type: ignore[no-untyped-def]
+        ticks, _ = _flapping(model, ps, windows, restart)
+        return [(t.whatif.verdict, t.target) for t in ticks]
+
+    damped = ("damped", None)
+    assert moves("slsl" + "l")[3:] == [damped, damped]
+    assert moves("slsl" + "ll")[3:] == [damped, damped, ("trigger", "1xCP8")]
+    assert moves("slsl" + "s" + "ll")[5:] == [damped, damped]
+    assert moves("slsl" + "s" + "lll")[5:] == [damped, damped, ("trigger", "1xCP8")]
+    # The looks it reads are part of the memory: a controller restarted after the
+    # first of them, given it, merges at the same window (without the first look
+    # it would need one window more).
+    assert moves("slsl" + "|ll", restart="memory") == moves("slsl" + "ll")
+
+
 def test_a_restarted_controller_given_its_memory_stays_damped(model):
     # Split, merge back, split again: two flaps, damped. A shell restarts the
     # controller here, and the new one meets a burst, then two windows where a

@@ -913,6 +913,7 @@ class Controller:
             and direction == "merge"
             and len(self._flaps) >= ps.damp_flaps
             and check.since_s is None
+            and not self._outlasted()
         ):
             self._goal = goal
             self.state = _nothing_started(before)
@@ -1029,17 +1030,30 @@ class Controller:
         )
         on = str(current.composition)
         kept = self._looks[1] if self._looks[0] == on else ()
-        last = self.settings.persist_windows * self.settings.hops_per_window
+        ps = self.settings
+        last = max(ps.persist_windows, ps.whatif_horizon) * ps.hops_per_window
         self._looks = (on, (*kept, (split, merge))[-last:])
 
     def _agree(self, direction: str) -> bool:
         """The looks of the last ``persist_windows`` windows do not, on average,
         estimate that a move ``direction`` loses (``whatif_agree``)."""
-        looks = self._looks[1]
-        if not self.settings.whatif_agree or not looks:
+        ps = self.settings
+        looks = self._looks[1][-ps.persist_windows * ps.hops_per_window :]
+        if not ps.whatif_agree or not looks:
             return True
         i = _DIRECTIONS.index(direction)
         return sum(look[i] for look in looks) / len(looks) >= 0.0
+
+    def _outlasted(self) -> bool:
+        """Every look of the check's horizon (``whatif_horizon`` windows) on the
+        current composition estimated that a merge pays ``whatif_margin``: a light
+        stretch that lasted the horizon, which flap damping does not hold back
+        (``PlannerSettings.damp_flaps``)."""
+        ps = self.settings
+        n = ps.whatif_horizon * ps.hops_per_window
+        looks = self._looks[1][-n:]
+        i = _DIRECTIONS.index("merge")
+        return len(looks) == n and all(look[i] >= ps.whatif_margin for look in looks)
 
     def _leaning(
         self,

@@ -289,8 +289,12 @@ class PlannerSettings:
     the requests since a change of arrivals. A workload whose light stretches
     last less than the check's horizon (a rate that cycles) otherwise merges on
     each and splits back under the returning load, drained, at its tail
-    latency's cost. Splits are never damped. 0: off (docs/benchmarks/adaptive.md,
-    "Flap damping")."""
+    latency's cost. Splits are never damped, and neither is a merge once every
+    look of the check's horizon (``whatif_horizon`` windows) on the current
+    composition estimated that a merge pays ``whatif_margin``: a light stretch
+    that lasted the horizon is what the check's estimate assumes, a phase and not
+    a cycle's trough. 0: off (docs/benchmarks/adaptive.md, "Flap damping" and
+    "A light phase that outlasts the horizon")."""
     flap_s: float = 120.0
     """A move opposite to the previous one within this many seconds is a flap."""
     damp_s: float = 1200.0
