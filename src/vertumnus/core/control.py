@@ -283,7 +283,8 @@ class Memory:
     """Direction of the small gains adding up, and each window's gain."""
     looks: tuple[str, tuple[tuple[float, float], ...]] = ("", ())
     """The composition the last looks were on, and each look's best estimated gain
-    toward a split and toward a merge (``PlannerSettings.whatif_agree``)."""
+    toward a split and toward a merge (``PlannerSettings.whatif_agree``, and the
+    merges flap damping lets through, ``damp_flaps``)."""
     goal: tuple[str, Composition] | None = None
     """Direction and target of a move the what-if check started and has not finished."""
     kappa: kappa.LearnedBins | None = None
@@ -515,8 +516,9 @@ class Controller:
         margin or not."""
         self._looks: tuple[str, tuple[tuple[float, float], ...]] = ("", ())
         """The composition the last looks were on, and at each (the last
-        ``persist_windows`` windows' worth) the best estimated gain toward a split
-        and toward a merge (``whatif_agree``)."""
+        ``persist_windows`` or ``whatif_horizon`` windows' worth, the more) the best
+        estimated gain toward a split and toward a merge (``whatif_agree``, and a
+        light stretch that outlasts flap damping: :meth:`_outlasted`)."""
         self._evaluations = 0
         """Windows evaluated so far (one per hop once the first window is full)."""
         self._goal: tuple[str, Composition] | None = None
