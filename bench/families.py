@@ -175,6 +175,16 @@ def adaptive_options(
     )
 
 
+def whatif_verdicts(windows: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """How many of an adaptive run's windows (the controller's JSON timeline) the
+    what-if check gave each verdict."""
+    verdicts: dict[str, int] = {}
+    for w in windows:
+        if w.get("whatif"):
+            verdicts[w["whatif"]["verdict"]] = verdicts.get(w["whatif"]["verdict"], 0) + 1
+    return verdicts
+
+
 def replica(trace: Trace, r: int) -> Trace:
     """Copy ``r`` of a cell's stream: itself for 0, else every arrival moved by a
     uniform [0, JITTER_S) seeded by ``r`` (module docstring)."""
@@ -209,17 +219,13 @@ def run_replica(
     res = sim.run(trace.requests)
     s = summarize(scored(res.completions, draw))
     ctl = sim.attachments["controller"]
-    verdicts: dict[str, int] = {}
-    for w in ctl.windows:
-        if w.get("whatif"):
-            verdicts[w["whatif"]["verdict"]] = verdicts.get(w["whatif"]["verdict"], 0) + 1
     runs["vertumnus-adaptive"] = {
         "mean_ttft_s": s.mean_ttft_s,
         "p90_ttft_s": s.p90_ttft_s,
         "token_hit_rate": s.token_hit_rate,
         "reconfigurations": res.reconfigurations,
         "timeline": [{"t_s": t, "composition": c} for t, c in res.composition_timeline],
-        "whatif_verdicts": verdicts,
+        "whatif_verdicts": whatif_verdicts(ctl.windows),
         "decision_ms_max": 1e3 * max(ctl.decision_cost_s, default=0.0),
         "wall_s": time.perf_counter() - t0,
     }

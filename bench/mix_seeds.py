@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from families import whatif_verdicts
 from time_varying import EVAL_PHASES, GPUS, OUT, report, run_adaptive, run_fixed, workload
 
 from vertumnus.core import planner
@@ -71,10 +72,6 @@ def _adaptive(job: tuple[str, int, str]) -> tuple[str, int, str, dict[str, Any]]
     opts = AdaptiveOptions(control=parse_planner_settings(spec))
     res, wall, sim = run_adaptive(trace, opts)
     rep = report(res, bounds, wall)
-    verdicts: dict[str, int] = {}
-    for w in sim.attachments["controller"].windows:
-        if w.get("whatif"):
-            verdicts[w["whatif"]["verdict"]] = verdicts.get(w["whatif"]["verdict"], 0) + 1
     return (
         mix,
         seed,
@@ -83,21 +80,25 @@ def _adaptive(job: tuple[str, int, str]) -> tuple[str, int, str, dict[str, Any]]
             "mean_ttft_s": rep["mean_ttft_s"],
             "reconfigurations": res.reconfigurations,
             "phases": [p["mean_ttft_s"] for p in rep["phases"]],
-            "whatif_verdicts": verdicts,
+            "whatif_verdicts": whatif_verdicts(sim.attachments["controller"].windows),
         },
     )
+
+
+def _phase_bests(
+    fixed: dict[str, tuple[float, list[tuple[float, int]]]],
+) -> list[tuple[float, int]]:
+    """Per phase, the best fixed composition's (mean TTFT, requests) there."""
+    runs = list(fixed.values())
+    return [min((v[1][i] for v in runs), key=lambda p: p[0]) for i in range(len(runs[0][1]))]
 
 
 def oracle(fixed: dict[str, tuple[float, list[tuple[float, int]]]]) -> tuple[str, float, float]:
     """Best single fixed composition, its mean, and the per-phase oracle's mean."""
     single = min(fixed, key=lambda c: fixed[c][0])
-    phases = len(next(iter(fixed.values()))[1])
-    total = n = 0.0
-    for i in range(phases):
-        mean, requests = min((v[1][i] for v in fixed.values()), key=lambda p: p[0])
-        total += mean * requests
-        n += requests
-    return single, fixed[single][0], total / n
+    bests = _phase_bests(fixed)
+    oracle_mean = sum(m * r for m, r in bests) / sum(r for _, r in bests)
+    return single, fixed[single][0], oracle_mean
 
 
 def phase_losses(
@@ -106,13 +107,12 @@ def phase_losses(
     """Per phase, what adaptive's mean TTFT lost there against that phase's best fixed
     composition, weighted by the phase's share of the requests (ms): they add up to
     adaptive's mean minus the per-phase oracle's, so they say where it lost."""
-    runs = list(fixed.values())
-    n = sum(requests for _, requests in runs[0][1])
-    out = []
-    for i, mine in enumerate(adaptive_phases):
-        best, requests = min((v[1][i] for v in runs), key=lambda p: p[0])
-        out.append((mine - best) * requests / n * 1e3)
-    return out
+    bests = _phase_bests(fixed)
+    n = sum(requests for _, requests in bests)
+    return [
+        (mine - best) * requests / n * 1e3
+        for mine, (best, requests) in zip(adaptive_phases, bests, strict=True)
+    ]
 
 
 def _seeds(text: str) -> list[int]:
