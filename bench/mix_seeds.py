@@ -19,7 +19,15 @@ Writes ``docs/benchmarks/adaptive_mix_seeds.json``. Run::
     python bench/mix_seeds.py --seeds 0,1 --mixes calibration --planner "" \\
         --planner whatif_accumulate=false --out /tmp/seeds.json
     python bench/mix_seeds.py --mixes calibration --seeds 0-17 --planner "" \\
-        --out docs/benchmarks/adaptive_mix_seeds_calibration.json   # ~9 min
+        --out docs/benchmarks/adaptive_mix_seeds_calibration.json   # ~5-9 min
+
+Each draw records its fixed runs (``fixed``: composition → mean TTFT and, per
+phase, mean TTFT and requests). They do not depend on the controller's
+settings, so a try of other settings can read them back from an earlier file
+and run the adaptive pools alone (~1.5 min for the 18 calibration draws)::
+
+    python bench/mix_seeds.py --mixes calibration --seeds 0-17 --planner NAME=VALUE \\
+        --fixed-from docs/benchmarks/adaptive_mix_seeds_calibration.json --out /tmp/try.json
 """
 
 from __future__ import annotations
@@ -115,6 +123,26 @@ def phase_losses(
     ]
 
 
+def stored_fixed(path: Path, draws: Sequence[tuple[str, int]]) -> dict[tuple[str, int], dict]:
+    """The fixed runs of ``draws`` (mix, seed) from an earlier output of this script;
+    ValueError naming the first draw it lacks (or a mix spelled otherwise there)."""
+    earlier = json.loads(path.read_text())
+    found = {(d["mix"], d["seed"]): d for d in earlier.get("draws", [])}
+    out: dict[tuple[str, int], dict] = {}
+    for mix, seed in draws:
+        d = found.get((mix, seed))
+        if d is None or "fixed" not in d:
+            raise ValueError(f"{path} has no fixed runs of the {mix} mix, seed {seed}")
+        if earlier["mixes"][mix] != MIXES[mix]:
+            raise ValueError(
+                f"{path}: its {mix} mix is {earlier['mixes'][mix]!r}, not {MIXES[mix]!r}"
+            )
+        out[(mix, seed)] = {
+            comp: (mean, [tuple(p) for p in phases]) for comp, (mean, phases) in d["fixed"].items()
+        }
+    return out
+
+
 def _seeds(text: str) -> list[int]:
     """``0,1,2`` or ``0-17`` (or both, ``0-5,9``): the seeds, in order; ValueError if not."""
     out: list[int] = []
@@ -141,6 +169,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         'default: "" and "whatif_accumulate=false"',
     )
     ap.add_argument("--jobs", type=int, default=2, help="simulations in parallel (default 2)")
+    ap.add_argument(
+        "--fixed-from",
+        type=Path,
+        help="read the fixed runs back from this earlier output (module docstring)",
+    )
     ap.add_argument("--out", type=Path, default=OUT / "adaptive_mix_seeds.json")
     args = ap.parse_args(argv)
     try:
@@ -162,12 +195,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     comps = [str(c) for c in planner.enumerate_lattice(GPUS, (4, 8))]
     t0 = time.perf_counter()
     fixed: dict[tuple[str, int], dict[str, Any]] = {}
+    if args.fixed_from is not None:
+        try:
+            fixed = stored_fixed(args.fixed_from, [(m, s) for m in mixes for s in seeds])
+        except (OSError, ValueError, KeyError) as e:
+            ap.error(f"--fixed-from: {e}")
     adaptive: dict[tuple[str, int, str], dict[str, Any]] = {}
     with ProcessPoolExecutor(args.jobs) as ex:
-        jobs = [(m, s, c) for m in mixes for s in seeds for c in comps]
-        for mix, seed, comp, mean, phases in ex.map(_fixed, jobs):
-            fixed.setdefault((mix, seed), {})[comp] = (mean, phases)
-        print(f"fixed lattice: {len(jobs)} runs, {time.perf_counter() - t0:.0f} s", flush=True)
+        if not fixed:
+            jobs = [(m, s, c) for m in mixes for s in seeds for c in comps]
+            for mix, seed, comp, mean, phases in ex.map(_fixed, jobs):
+                fixed.setdefault((mix, seed), {})[comp] = (mean, phases)
+            print(f"fixed lattice: {len(jobs)} runs, {time.perf_counter() - t0:.0f} s", flush=True)
         jobs2 = [(m, s, p) for m in mixes for s in seeds for p in specs]
         for mix, seed, spec, run in ex.map(_adaptive, jobs2):
             adaptive[(mix, seed, spec)] = run
@@ -180,6 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "best_single_fixed": single,
             "best_single_mean_s": single_mean,
             "oracle_mean_s": oracle_mean,
+            "fixed": runs,
             "adaptive": {},
         }
         for spec in specs:
@@ -208,6 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = {
         "date": time.strftime("%Y-%m-%d"),
         "command": "python bench/mix_seeds.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "fixed_from": None if args.fixed_from is None else str(args.fixed_from),
         "mixes": {m: MIXES[m] for m in mixes},
         "seeds": seeds,
         "summary": summary,

@@ -3,6 +3,8 @@ which seeds it runs."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.conftest import bench_script
@@ -31,3 +33,18 @@ def test_seeds_are_listed_or_ranged_and_anything_else_is_refused(capsys):
         with pytest.raises(SystemExit):
             m.main(["--seeds", bad])
         assert "--seeds must be comma-separated integers or ranges" in capsys.readouterr().err
+
+
+def test_fixed_runs_are_read_back_and_a_missing_draw_is_named(tmp_path):
+    m = bench_script("mix_seeds.py")
+    mix = m.MIXES["calibration"]
+    draw = {"mix": "calibration", "seed": 3, "fixed": {"10xCP4": [0.3, [[0.2, 10], [0.4, 5]]]}}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps({"mixes": {"calibration": mix}, "draws": [draw]}))
+    got = m.stored_fixed(path, [("calibration", 3)])
+    assert got == {("calibration", 3): {"10xCP4": (0.3, [(0.2, 10), (0.4, 5)])}}
+    with pytest.raises(ValueError, match="no fixed runs of the calibration mix, seed 4"):
+        m.stored_fixed(path, [("calibration", 4)])
+    path.write_text(json.dumps({"mixes": {"calibration": "300s:rate=1"}, "draws": [draw]}))
+    with pytest.raises(ValueError, match="its calibration mix is"):
+        m.stored_fixed(path, [("calibration", 3)])
