@@ -668,6 +668,109 @@ def test_a_move_of_the_whole_window_is_vetoed_when_it_does_not_pay_since_the_cha
     assert since.target is None and ctl.state.pending == () and ctl._goal is None
 
 
+def test_since_a_change_a_smaller_gain_than_the_whole_windows_is_decisive(model):
+    """The burst of short requests since the change (after long ones: the long share
+    fell, the way of a split) pays for two CP4s by some gain g: it moves at once when
+    ``whatif_change_decisive`` is below g, whatever ``whatif_decisive`` is, and not
+    when it is above."""
+    huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
+    layout = planner.layout_for(Composition.parse("CP8"), 8)
+    ps = settings(check_hops=8, persist_windows=2, min_requests=4, whatif_decisive=1.0)
+
+    def look(change_decisive: float):  # type: ignore[no-untyped-def]
+        changed = replace(ps, whatif_change_decisive=change_decisive)
+        return _quiet_then_burst(Controller(planner.initial_state(layout), huge, changed, model))
+
+    moved = look(0.10)
+    assert moved.whatif.verdict == "trigger" and moved.whatif.since_s == 2.5
+    gain = 1.0 - moved.whatif.best.mean_s / moved.whatif.current.mean_s
+    assert 0.10 < gain < 1.0
+    assert look(gain - 0.01).whatif.verdict == "trigger"
+    held = look(gain + 0.01)
+    assert held.ops == () and held.whatif.verdict != "trigger"
+    with pytest.raises(ValueError, match="whatif_change_decisive"):
+        settings(whatif_change_decisive=0.0)
+
+
+def test_a_smaller_gain_decides_since_a_change_only_if_the_mix_moved_the_moves_way(model):
+    """With only ``whatif_change_decisive`` able to decide: a burst of short requests
+    after long ones (the long share fell) splits the CP8 at once; a burst of the same
+    mix as before (only the rate changed) does not, though the split pays as much."""
+    huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
+    layout = planner.layout_for(Composition.parse("CP8"), 8)
+    ps = settings(
+        check_hops=8, persist_windows=2, min_requests=4,
+        whatif_decisive=1.0, whatif_change_decisive=0.05,
+    )  # fmt: skip
+
+    def last_look(hops):  # type: ignore[no-untyped-def]
+        ctl = Controller(planner.initial_state(layout), huge, ps, model)
+        rid, tick = 0, None
+        for batch in hops:
+            for t, n in batch:
+                ctl.windows.placed(Request(rid, t, n, (1000 + rid,)), 1.0, 0)
+                rid += 1
+            tick = ctl.tick({0: 0.0}, reconfiguring=False)
+        assert tick is not None and tick.whatif is not None
+        return tick
+
+    shifted = last_look(
+        [[(2.5 * h, 60000), (2.5 * h + 0.5, 60000)] for h in range(7)]
+        + [[(17.5, 100)] + [(18.0, 8000)] * 10]
+    )
+    assert shifted.whatif.verdict == "trigger" and shifted.target == "2xCP4"
+    same = last_look(
+        [[(2.5 * h, 60000), (2.5 * h + 0.5, 8000)] for h in range(7)]
+        + [[(17.5 + 0.1 * i, 60000 if i % 2 else 8000) for i in range(20)]]
+    )
+    assert same.whatif.change is not None and same.ops == ()
+    gain = 1.0 - same.whatif.best.mean_s / same.whatif.current.mean_s
+    assert same.whatif.best.composition == Composition.parse("2xCP4") and gain > 0.05
+
+
+def test_once_moved_on_the_requests_since_a_change_the_whole_window_holds(model):
+    """Long requests, then a burst: the look on the burst splits the CP8 at once. At
+    the next look the whole window (mostly the long requests) leads back to one CP8:
+    the pool moved on the requests since the change, so that is held. Without the
+    memory of that move the same look goes on to judge the merge on the requests
+    since the change (and vetoes it): the hold comes from the move."""
+    huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
+    layout = planner.layout_for(Composition.parse("CP8"), 8)
+    ps = settings(check_hops=8, min_requests=4, whatif_decisive=0.12)
+
+    def looks(forget: bool):  # type: ignore[no-untyped-def]
+        ctl = Controller(planner.initial_state(layout), huge, ps, model)
+        hops = [[(2.5 * h, 100_000)] for h in range(7)]
+        hops += [[(17.5 + 0.05 * i, 6000) for i in range(10)], [(20.2, 100_000)]]
+        rid, ticks = 0, []
+        for hop, batch in enumerate(hops):
+            for t, n in batch:
+                ctl.windows.placed(Request(rid, t, n, (1000 + rid,)), 1.0, 0)
+                rid += 1
+            if forget and hop == 8:
+                ctl._last_move = None
+            workers = {s.worker: 0.0 for s in ctl.state.layout.slots}
+            tick = ctl.tick(workers, reconfiguring=False)
+            for op in () if tick is None else tick.ops:
+                assert isinstance(op, planner.Split)
+                new = [50, 51]
+                rest = {w: 0.0 for w in workers if w != op.worker}
+                assert ctl.committed(op, new, [op.worker], rest | dict.fromkeys(new, 0.0)) == ()
+            ticks.append(tick)
+        return ticks, ctl
+
+    ticks, ctl = looks(forget=False)
+    assert ticks[7].whatif.verdict == "trigger" and ticks[7].target == "2xCP4"
+    assert ticks[7].whatif.since_s == 2.5
+    held = ticks[8]
+    assert held.whatif.verdict == "hold" and held.ops == () and held.target is None
+    assert held.whatif.since_s == 5.0 and held.whatif.to_dict()["verdict"] == "hold"
+    assert ctl.state.pending == () and ctl._goal is None
+    assert sorted(s.degree for s in ctl.state.layout.slots) == [4, 4]
+    forgot, _ = looks(forget=True)
+    assert forgot[8].whatif.verdict == "veto" and forgot[8].ops == ()
+
+
 def _flapping(model, ps: planner.PlannerSettings, windows: str, restart: str = ""):  # type: ignore[no-untyped-def]
     """One CP8 domain fed, window by window, bursts of short requests ("s": two CP4s
     pay decisively) or sparse long ones ("l": one CP8 does); every move committed at

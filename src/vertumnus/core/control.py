@@ -343,9 +343,11 @@ class WhatIf:
     (it does not pay; not made), ``trigger`` (the check moves on its own: a
     candidate paid for ``persist_windows`` windows, or by ``whatif_decisive``
     in one, or small gains one way added up: ``whatif_accumulate``), ``wait``
-    (a candidate pays, not yet long enough), ``stay``, or
+    (a candidate pays, not yet long enough), ``stay``,
     ``damped`` (a merge the rules or the check chose, not made while the pool
-    flaps: ``PlannerSettings.damp_flaps``)."""
+    flaps: ``PlannerSettings.damp_flaps``), or ``hold`` (a move the whole window
+    led to, not made: the pool already moved on the requests since a change of
+    arrivals within the window, ``PlannerSettings.whatif_change``)."""
     change: changepoint.Change | None = None
     """The change of arrivals found within the window (None: none, or
     ``PlannerSettings.whatif_change`` is 0)."""
@@ -445,6 +447,15 @@ _LEAN_MAX = 8
 at 8, the average gain it needs is at least ``whatif_margin``/√8 ≈ a third of
 the margin, so that a gain far below the noise of one window never moves the
 pool however long it lasts."""
+
+
+_SHIFT = 2.0
+"""The factor by which the share of long requests must have changed at a change of
+arrivals for ``whatif_change_decisive`` to decide a move on the requests since it:
+up for a merge, down for a split. The calibration mix's phase changes move it 5–17
+times; the bursts of the long-context family at heavy load, which also pass the
+detection and on which a merge looked 10–12 % better, move it the other way or by
+1.6 at most (docs/benchmarks/adaptive.md, "The requests since a change decide")."""
 
 
 _Started = list[
@@ -874,6 +885,14 @@ class Controller:
         check, out = self._check_window(before, obs, ops, replays, boundary, probes, early)
         if recent is None:
             return check, out
+        if out and self._moved_since(recent.replays.change):
+            # The pool already moved on the requests since the change: the whole
+            # window, mostly from before it, moves it no further (draw 14 of the
+            # calibration mix: a decisive merge at the start of a light phase, split
+            # back by the whole window 10 s later, then held by flap damping).
+            self._goal = goal
+            self.state = _nothing_started(before)
+            return recent.report(WhatIf(recent.current, recent.candidates, None, "hold")), ()
         if out:
             direction = _direction(out)
             target = self.state.target or self._after(layout, out)
@@ -888,6 +907,27 @@ class Controller:
                 veto = WhatIf(recent.current, recent.candidates, found[0], "veto")
                 return recent.report(veto), ()
         return replace(check, change=recent.replays.change), out
+
+    def _mix_moved(self, change: changepoint.Change | None, direction: str) -> bool:
+        """At ``change``, the share of long requests moved ``direction``'s way by
+        :data:`_SHIFT`: up for a merge (larger degrees serve long requests), down
+        for a split. Counted on the window's hops before and since it."""
+        if change is None:
+            return False
+        counts = self.windows.hop_counts()
+        before, since = counts[: -change.hops], counts[-change.hops :]
+        n_before, long_before = sum(s + lg for s, lg in before), sum(lg for _, lg in before)
+        n_since, long_since = sum(s + lg for s, lg in since), sum(lg for _, lg in since)
+        # Shares compared without dividing: long_since / n_since vs long_before / n_before.
+        after, earlier = long_since * n_before, long_before * n_since
+        if direction == "merge":
+            return long_since > 0 and after >= _SHIFT * earlier
+        return long_before > 0 and _SHIFT * after <= earlier
+
+    def _moved_since(self, change: changepoint.Change | None) -> bool:
+        """A move started at a look after ``change`` (made on the requests since it)."""
+        last = self._last_move
+        return change is not None and last is not None and last[1] > self._evaluations - change.hops
 
     def _damp(
         self,
@@ -951,9 +991,11 @@ class Controller:
             if self._pays(e, current)
         ]
         best = min(paying, key=lambda c: (c[2].mean_s, len(c[1])), default=None)
-        decisive = best is not None and best[2].mean_s <= current.mean_s * (
-            1.0 - self.settings.whatif_decisive
-        )
+        ps = self.settings
+        threshold = ps.whatif_decisive
+        if best is not None and self._mix_moved(replays.change, best[0]):
+            threshold = ps.whatif_change_decisive
+        decisive = best is not None and best[2].mean_s <= current.mean_s * (1.0 - threshold)
         candidates = tuple((d, e) for d, found in paths.items() for _, e in found)
         return _Weighed(replays, current, candidates, paths, best, best if decisive else None)
 
