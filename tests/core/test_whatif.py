@@ -593,22 +593,24 @@ def test_after_a_change_replays_on_threads_give_the_same_check(model, compositio
     assert checks[0][0]["verdict"] == verdict
 
 
-def _quiet_then_burst(ctl: Controller):  # type: ignore[no-untyped-def]
-    """Seven hops of two long requests each, then a burst of short ones in the eighth
-    (the window's last 2.5 s), ticking after each hop: the eighth tick's check."""
-    rid = 0
-    tick = None
-    for hop in range(8):
-        if hop < 7:
-            batch = [(2.5 * hop, 60000), (2.5 * hop + 0.5, 60000)]
-        else:
-            batch = [(17.5, 100)] + [(18.0, 8000)] * 10
+def _last_look(ctl: Controller, hops):  # type: ignore[no-untyped-def]
+    """Each hop's (arrival, length) requests placed on one worker, ticking after each
+    hop: the last tick, with its check."""
+    rid, tick = 0, None
+    for batch in hops:
         for t, n in batch:
             ctl.windows.placed(Request(rid, t, n, (1000 + rid,)), 1.0, 0)
             rid += 1
         tick = ctl.tick({0: 0.0}, reconfiguring=False)
     assert tick is not None and tick.whatif is not None
     return tick
+
+
+def _quiet_then_burst(ctl: Controller):  # type: ignore[no-untyped-def]
+    """Seven hops of two long requests each, then a burst of short ones in the eighth
+    (the window's last 2.5 s), ticking after each hop: the eighth tick's check."""
+    quiet = [[(2.5 * hop, 60000), (2.5 * hop + 0.5, 60000)] for hop in range(7)]
+    return _last_look(ctl, [*quiet, [(17.5, 100)] + [(18.0, 8000)] * 10])
 
 
 def test_after_a_change_of_arrivals_the_check_judges_on_the_requests_since(model):
@@ -703,25 +705,15 @@ def test_a_smaller_gain_decides_since_a_change_only_if_the_mix_moved_the_moves_w
         whatif_decisive=1.0, whatif_change_decisive=0.05,
     )  # fmt: skip
 
-    def last_look(hops):  # type: ignore[no-untyped-def]
-        ctl = Controller(planner.initial_state(layout), huge, ps, model)
-        rid, tick = 0, None
-        for batch in hops:
-            for t, n in batch:
-                ctl.windows.placed(Request(rid, t, n, (1000 + rid,)), 1.0, 0)
-                rid += 1
-            tick = ctl.tick({0: 0.0}, reconfiguring=False)
-        assert tick is not None and tick.whatif is not None
-        return tick
+    def fresh() -> Controller:
+        return Controller(planner.initial_state(layout), huge, ps, model)
 
-    shifted = last_look(
-        [[(2.5 * h, 60000), (2.5 * h + 0.5, 60000)] for h in range(7)]
-        + [[(17.5, 100)] + [(18.0, 8000)] * 10]
-    )
+    shifted = _quiet_then_burst(fresh())
     assert shifted.whatif.verdict == "trigger" and shifted.target == "2xCP4"
-    same = last_look(
+    same = _last_look(
+        fresh(),
         [[(2.5 * h, 60000), (2.5 * h + 0.5, 8000)] for h in range(7)]
-        + [[(17.5 + 0.1 * i, 60000 if i % 2 else 8000) for i in range(20)]]
+        + [[(17.5 + 0.1 * i, 60000 if i % 2 else 8000) for i in range(20)]],
     )
     assert same.whatif.change is not None and same.ops == ()
     gain = 1.0 - same.whatif.best.mean_s / same.whatif.current.mean_s
