@@ -17,12 +17,12 @@ which is trimmed to its last :data:`HISTORY_KEPT` entries (it only feeds reports
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vertumnus.core import planner
 from vertumnus.core import transition as tr
-from vertumnus.core.control import Memory
+from vertumnus.core.control import Look, Memory
 from vertumnus.core.kappa import LearnedBins
 from vertumnus.core.lattice import Layout, Slot
 from vertumnus.core.types import Composition
@@ -249,9 +249,52 @@ def encode_memory(m: Memory) -> dict[str, Any]:
         "streak": list(m.streak),
         "lean": [m.lean[0], list(m.lean[1])],
         "looks": [m.looks[0], [list(look) for look in m.looks[1]]],
+        "recall": _encode_recall(m.recall),
         "goal": None if m.goal is None else [m.goal[0], str(m.goal[1])],
         "kappa": None if m.kappa is None else _encode_learned(m.kappa),
     }
+
+
+def _encode_recall(looks: Sequence[Look]) -> dict[str, Any]:
+    """The recall's looks as a table: the merge candidates named once, and per look its
+    long fraction and each candidate's gain (null where it did not estimate it), so
+    that a record written every hop stays small."""
+    names = sorted({comp for look in looks for comp, _ in look.merges})
+    column = {name: i for i, name in enumerate(names)}
+    rows = []
+    for look in looks:
+        gains: list[float | None] = [None] * len(names)
+        for comp, gain in look.merges:
+            gains[column[comp]] = gain
+        rows.append([look.long_fraction, gains])
+    return {"compositions": names, "looks": rows}
+
+
+def _decode_recall(raw: Any, where: str) -> tuple[Look, ...]:
+    if raw is None:
+        return ()  # a record written before the recall was kept
+    names = raw.get("compositions") if isinstance(raw, dict) else None
+    rows = raw.get("looks") if isinstance(raw, dict) else None
+    if not isinstance(names, list) or not isinstance(rows, list):
+        raise StateError(f"{where}: expected {{compositions: [...], looks: [...]}}, got {raw!r}")
+    for name in names:
+        try:
+            Composition.parse(name)
+        except (TypeError, ValueError) as e:
+            raise StateError(f"{where}.compositions: {name!r} is not a composition ({e})") from None
+    looks = []
+    for i, row in enumerate(rows):
+        ok = isinstance(row, list) and len(row) == 2 and _numbers(row[:1])
+        if not ok or not isinstance(row[1], list) or len(row[1]) != len(names):
+            raise StateError(
+                f"{where}.looks[{i}]: expected [long fraction, one gain or null per "
+                f"composition ({len(names)})], got {row!r}"
+            )
+        if not all(g is None or _numbers([g]) for g in row[1]):
+            raise StateError(f"{where}.looks[{i}]: a gain must be a number or null, got {row[1]!r}")
+        merges = tuple((n, float(g)) for n, g in zip(names, row[1], strict=True) if g is not None)
+        looks.append(Look(float(row[0]), merges))
+    return tuple(looks)
 
 
 def _numbers(values: Any) -> bool:
@@ -320,6 +363,7 @@ def decode_memory(raw: Mapping[str, Any], where: str = "status.state.memory") ->
         raise StateError(
             f"{where}.looks: expected [split gain, merge gain] pairs, got {looks[1]!r}"
         )
+    recall = _decode_recall(raw.get("recall"), f"{where}.recall")
     goal = pair("goal", (str, str))
     learned = raw.get("kappa")
     kappa = None if learned is None else _decode_learned(learned, f"{where}.kappa")
@@ -331,6 +375,7 @@ def decode_memory(raw: Mapping[str, Any], where: str = "status.state.memory") ->
             streak=(streak[0], streak[1]),
             lean=(lean[0], tuple(float(g) for g in lean[1])),
             looks=(looks[0], tuple((float(a), float(b)) for a, b in looks[1])),
+            recall=recall,
             goal=None if goal is None else (goal[0], Composition.parse(goal[1])),
             kappa=kappa,
         )

@@ -863,7 +863,7 @@ def test_a_restarted_controller_given_its_memory_stays_damped(model):
                        memory=memory)  # fmt: skip
     assert again.memory() == memory
     assert memory.without_plans() == replace(
-        memory, streak=("", 0), lean=("", ()), looks=("", ()), goal=None
+        memory, streak=("", 0), lean=("", ()), looks=("", ()), recall=(), goal=None
     )
 
 
@@ -886,6 +886,54 @@ def test_a_memory_that_cannot_be_refuses_to_restore():
         Memory(evaluations=-1)
     with pytest.raises(ValueError, match="looks: each look is a"):
         Memory(looks=("CP8", ((0.1,),)))
+
+
+def _cycling(model, windows: str, restart_at: int | None = None, **kw):  # type: ignore[no-untyped-def]
+    """Verdicts and targets of a 2xCP4 domain fed, window by window, the same mix (one
+    long request and six short ones) at a crest ("c": the short ones at once, where
+    the split's two workers pay) or in a trough ("t": spread out, where one CP8 runs
+    the long request faster), or a burst of short ones alone ("b": another mix). Up
+    to the first move; at ``restart_at`` a new controller is given the memory."""
+    huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
+    ps = settings(min_requests=4, **kw)
+    ctl = Controller(planner.initial_state(planner.layout_for(Composition.parse("2xCP4"), 8)),
+                     huge, ps, model)  # fmt: skip
+    kinds = {
+        "c": [(0.0, 60000)] + [(1.0 + 0.1 * i, 6000) for i in range(6)],
+        "t": [(0.0, 60000)] + [(3.0 * (i + 1), 6000) for i in range(6)],
+        "b": [(1.0 + 0.1 * i, 6000) for i in range(7)],
+    }
+    rid, moves = 0, []
+    for k, kind in enumerate(windows):
+        if k == restart_at:
+            ctl = Controller(ctl.state, huge, ps, model, memory=ctl.memory())
+        for t, n in kinds[kind]:
+            ctl.windows.placed(Request(rid, 20.0 * k + t, n, (10**6 + rid,)), 1.0, 0)
+            rid += 1
+        tick = ctl.tick({s.worker: 0.0 for s in ctl.state.layout.slots}, reconfiguring=False)
+        assert tick is not None and tick.whatif is not None
+        moves.append((tick.whatif.verdict, tick.target))
+        if tick.ops:
+            break
+    return moves
+
+
+def test_a_merge_that_lost_at_the_last_crest_of_the_same_mix_is_recalled(model):
+    # A trough alone pays the merge to one CP8 (+14 %, the long request runs faster
+    # there); at the crest before it, with the same long fraction, the merge lost
+    # 40 %. Recalled, the looks average a loss: no merge, until enough troughs (three)
+    # outweigh the crest.
+    merged, recalled = ("trigger", "1xCP8"), ("recall", None)
+    assert _cycling(model, "t")[-1] == merged
+    assert _cycling(model, "ct") == [("stay", None), recalled]
+    assert _cycling(model, "cttt") == [("stay", None), recalled, recalled, merged]
+    # Off, or remembering one window only, the trough merges at once.
+    assert _cycling(model, "ct", whatif_recall_s=0.0)[-1] == merged
+    assert _cycling(model, "ct", whatif_recall_s=20.0)[-1] == merged
+    # A burst of another mix (no long request) is not a crest of this one.
+    assert _cycling(model, "bt")[-1] == merged
+    # The looks are part of the memory: a restarted controller recalls them.
+    assert _cycling(model, "ct", restart_at=1) == [("stay", None), recalled]
 
 
 def test_splits_are_never_damped_and_flaps_age_out(model):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -101,7 +102,7 @@ def test_a_bad_record_names_the_field():
 
 
 def test_the_controllers_memory_round_trips_and_a_bad_one_names_the_field():
-    from vertumnus.core.control import Memory
+    from vertumnus.core.control import Look, Memory
     from vertumnus.core.kappa import LearnedBins
 
     memory = Memory(
@@ -111,6 +112,11 @@ def test_the_controllers_memory_round_trips_and_a_bad_one_names_the_field():
         streak=("merge", 1),
         lean=("merge", (0.012, 0.02, -0.0)),
         looks=("2xCP4+1xCP8", ((0.01, -0.04), (-0.2, 0.031))),
+        # A look that estimated one merge candidate and one that estimated two.
+        recall=(
+            Look(0.12, (("2xCP8", 0.07),)),
+            Look(0.3, (("1xCP4+1xCP8", 0.01), ("2xCP8", -0.2))),
+        ),
         goal=("merge", planner.Composition.parse("2xCP4+1xCP8")),
         kappa=LearnedBins({4: ((3, 0.7, 0.65, 0.61, 0.3), (17, 1.9, 1.1, 0.7, 1.6))}, 41),
     )
@@ -120,10 +126,14 @@ def test_the_controllers_memory_round_trips_and_a_bad_one_names_the_field():
     layout = layout_for(planner.Composition.parse("2xCP4+1xCP8"), 8)
     record = Record(tr.initial_pool(layout), planner.initial_state(layout), memory, hop=40)
     assert decode_record(json.loads(json.dumps(encode_record(record)))) == record
-    # A record written before the memory was kept reads back without one.
+    # A record written before the memory was kept reads back without one, and one
+    # written before the recall was kept, without the recall.
     old = encode_record(record)
     del old["memory"]
     assert decode_record(old).memory is None
+    older = dict(raw)
+    del older["recall"]
+    assert serialize.decode_memory(older) == replace(memory, recall=())
     for field, value, message in (
         ("flaps", [31, 12], r"status.state.memory: memory flaps must be ascending"),
         ("flaps", ["12"], r"status.state.memory.flaps: expected evaluations"),
@@ -132,6 +142,11 @@ def test_the_controllers_memory_round_trips_and_a_bad_one_names_the_field():
         ("lean", ["merge", ["x"]], r"status.state.memory.lean: expected gains"),
         ("looks", ["CP8", [[0.1]]], r"status.state.memory.looks: expected \[split gain"),
         ("looks", ["CP8"], r"status.state.memory.looks: expected \[composition, "),
+        ("recall", [], r"status.state.memory.recall: expected \{compositions"),
+        ("recall", {"compositions": ["CP9x"], "looks": []}, r"recall.compositions: 'CP9x' is"),
+        ("recall", {"compositions": ["CP8"], "looks": [[0.1, []]]}, r"recall.looks\[0\]: expected"),
+        ("recall", {"compositions": ["CP8"], "looks": [[0.1, ["x"]]]}, r"looks\[0\]: a gain"),
+        ("recall", {"compositions": ["CP8"], "looks": [[1.5, [0.1]]]}, r"memory recall: a long fr"),
         ("goal", ["merge", "CP8 and more"], r"status.state.memory: bad composition term"),
         ("kappa", {"bins": {"4": [[3, 0.7]]}}, r"status.state.memory.kappa.bins.4: expected"),
         ("kappa", {"bins": {"4": [[99, 1, 1, 1, 1]]}}, r"memory.kappa: .*bin 99 is not in"),

@@ -19,6 +19,10 @@ shell, and runs the planner's steps:
 - **flaps** (``settings.damp_flaps``): the moves the check let start, and
   which of them reversed the one before within ``flap_s``; while the pool
   flaps, merges wait for a decisive gain since a change of arrivals;
+- **recall** (``settings.whatif_recall_s``): each look's estimated gain of
+  every merge candidate, so that a merge the whole window leads to is made
+  only where the looks on this composition at the same mix, lately, do not
+  estimate on average that it loses;
 - **history**: the planner's view of a past workload
   (:func:`history_requests`), for the initial composition;
 - **capacity samples** (``settings.learn_capacity``): each degree's window of
@@ -56,6 +60,7 @@ from vertumnus.core.types import Composition, Request, cached_tokens
 __all__ = [
     "Controller",
     "ControlWindows",
+    "Look",
     "Memory",
     "Tick",
     "WhatIf",
@@ -261,12 +266,23 @@ _DIRECTIONS = ("split", "merge")
 
 
 @dataclass(frozen=True)
+class Look:
+    """One look of the what-if check as :attr:`Memory.recall` keeps it."""
+
+    long_fraction: float
+    """Long requests per request of the window it looked at."""
+    merges: tuple[tuple[str, float], ...]
+    """(composition, estimated mean-TTFT gain over the current one) of each merge
+    candidate it estimated, by composition."""
+
+
+@dataclass(frozen=True)
 class Memory:
     """What a :class:`Controller` remembers besides the planner's state
     (:attr:`Controller.state`), so that a shell which restarts (an operator pod
     rescheduled or upgraded) can give it back and the controller goes on as it was:
     a pool that flaps stays damped, a move in flight keeps its goal, persistence and
-    small gains keep their count, the online κ keeps what it learned. The window's
+    small gains keep their count, the recall its looks, the online κ what it learned. The window's
     requests are not in it: a restarted controller fills a new window first.
     Evaluations count the hops the controller evaluated, not the time it was down:
     flaps age only while it runs."""
@@ -285,6 +301,9 @@ class Memory:
     """The composition the last looks were on, and each look's best estimated gain
     toward a split and toward a merge (``PlannerSettings.whatif_agree``, and the
     merges flap damping lets through, ``damp_flaps``)."""
+    recall: tuple[Look, ...] = ()
+    """The last looks on the composition ``looks`` names, each with its window's long
+    fraction and every merge candidate's estimated gain (``whatif_recall_s``)."""
     goal: tuple[str, Composition] | None = None
     """Direction and target of a move the what-if check started and has not finished."""
     kappa: kappa.LearnedBins | None = None
@@ -318,14 +337,21 @@ class Memory:
             raise ValueError(
                 f"memory looks: each look is a (split, merge) pair of gains, got {self.looks[1]}"
             )
+        if self.recall and not self.looks[0]:
+            raise ValueError("memory recall: its looks need the composition they were on (looks)")
+        for look in self.recall:
+            if not 0.0 <= look.long_fraction <= 1.0:
+                raise ValueError(
+                    f"memory recall: a long fraction must be in [0, 1], got {look.long_fraction}"
+                )
         if self.goal is not None:
             direction(self.goal[0], "goal", empty=False)
 
     def without_plans(self) -> Memory:
         """The facts only: what happened (evaluations, flaps, the last move, the learned
-        κ), not what was under way (streak, lean, looks, goal) — for a controller
+        κ), not what was under way (streak, lean, looks, recall, goal) — for a controller
         whose planner state was dropped because the pool was reshaped by hand."""
-        return replace(self, streak=("", 0), lean=("", ()), looks=("", ()), goal=None)
+        return replace(self, streak=("", 0), lean=("", ()), looks=("", ()), recall=(), goal=None)
 
 
 @dataclass(frozen=True)
@@ -345,9 +371,12 @@ class WhatIf:
     in one, or small gains one way added up: ``whatif_accumulate``), ``wait``
     (a candidate pays, not yet long enough), ``stay``,
     ``damped`` (a merge the rules or the check chose, not made while the pool
-    flaps: ``PlannerSettings.damp_flaps``), or ``hold`` (a move the whole window
+    flaps: ``PlannerSettings.damp_flaps``), ``hold`` (a move the whole window
     led to, not made: the pool already moved on the requests since a change of
-    arrivals within the window, ``PlannerSettings.whatif_change``)."""
+    arrivals within the window, ``PlannerSettings.whatif_change``), or ``recall``
+    (a merge the whole window led to, not made: the looks on this composition at
+    the same mix lately estimated on average that it loses,
+    ``PlannerSettings.whatif_recall_s``)."""
     change: changepoint.Change | None = None
     """The change of arrivals found within the window (None: none, or
     ``PlannerSettings.whatif_change`` is 0)."""
@@ -530,6 +559,9 @@ class Controller:
         ``persist_windows`` or ``whatif_horizon`` windows' worth, the more) the best
         estimated gain toward a split and toward a merge (``whatif_agree``, and a
         light stretch that outlasts flap damping: :meth:`_outlasted`)."""
+        self._recall: tuple[Look, ...] = ()
+        """The last looks on the composition ``_looks`` names, for
+        ``whatif_recall_s`` (:meth:`_recalled`)."""
         self._evaluations = 0
         """Windows evaluated so far (one per hop once the first window is full)."""
         self._goal: tuple[str, Composition] | None = None
@@ -557,6 +589,7 @@ class Controller:
             self._streak = memory.streak
             self._lean = memory.lean
             self._looks = memory.looks
+            self._recall = memory.recall
             self._goal = memory.goal
 
     def memory(self) -> Memory:
@@ -569,6 +602,7 @@ class Controller:
             streak=self._streak,
             lean=self._lean,
             looks=self._looks,
+            recall=self._recall,
             goal=self._goal,
             kappa=None if self.learner is None else self.learner.learned(),
         )
@@ -883,6 +917,15 @@ class Controller:
             return recent.report(moved[0]), moved[1]
         goal = self._goal
         check, out = self._check_window(before, obs, ops, replays, boundary, probes, early)
+        if out and _direction(out) == "merge":
+            target = self.state.target or self._after(layout, out)
+            if not self._recalled(target):
+                # Lately, at this mix, the looks here estimated that the merge loses:
+                # this window is a trough of a load that cycles, not a phase.
+                self._goal = goal
+                self.state = _nothing_started(before)
+                change = None if recent is None else recent.replays.change
+                return replace(check, verdict="recall", change=change), ()
         if recent is None:
             return check, out
         if out and self._moved_since(recent.replays.change):
@@ -907,6 +950,23 @@ class Controller:
                 veto = WhatIf(recent.current, recent.candidates, found[0], "veto")
                 return recent.report(veto), ()
         return replace(check, change=recent.replays.change), out
+
+    def _recalled(self, target: Composition) -> bool:
+        """A merge toward ``target`` is not refuted by the recall
+        (``PlannerSettings.whatif_recall_s``): the looks on the current composition,
+        from this one back while their window's long fraction stays within a
+        factor :data:`_SHIFT` of this one's (the same mix), estimated on average
+        that ``target`` does not lose. True without such a look."""
+        if self.settings.whatif_recall_s <= 0 or not self._recall:
+            return True
+        name = str(target)
+        now = self._recall[-1].long_fraction
+        gains = []
+        for look in reversed(self._recall):
+            if not (now <= _SHIFT * look.long_fraction and look.long_fraction <= _SHIFT * now):
+                break
+            gains += [g for comp, g in look.merges if comp == name]
+        return not gains or sum(gains) >= 0.0
 
     def _mix_moved(self, change: changepoint.Change | None, direction: str) -> bool:
         """At ``change``, the share of long requests moved ``direction``'s way by
@@ -1015,7 +1075,7 @@ class Controller:
         weighed = self._weigh(replays, probes, started)
         paths, current, candidates = weighed.paths, weighed.current, weighed.candidates
         best, decisive = weighed.best, weighed.decisive is not None
-        self._look(paths, current)
+        self._look(paths, current, obs.long_fraction)
         if ops:
             direction = _direction(ops)
             target = self.state.target or self._after(layout, ops)
@@ -1062,10 +1122,13 @@ class Controller:
         self,
         paths: Mapping[str, list[tuple[list[planner.PathStep], whatif.Estimate]]],
         current: whatif.Estimate,
+        long_fraction: float,
     ) -> None:
-        """Record this look's best estimated gain each way (``whatif_agree``); the
-        looks on another composition are dropped, their gains were against it. A
-        direction with no candidate counts 0: that look says nothing of it."""
+        """Record this look's best estimated gain each way (``whatif_agree``) and,
+        with its window's ``long_fraction``, each merge candidate's
+        (``whatif_recall_s``); the looks on another composition are dropped, their
+        gains were against it. A direction with no candidate counts 0: that look
+        says nothing of it."""
         if current.mean_s <= 0:
             return
         split, merge = (
@@ -1073,10 +1136,19 @@ class Controller:
             for d in _DIRECTIONS
         )
         on = str(current.composition)
-        kept = self._looks[1] if self._looks[0] == on else ()
+        same = self._looks[0] == on
+        kept = self._looks[1] if same else ()
         ps = self.settings
         last = max(ps.persist_windows, ps.whatif_horizon) * ps.hops_per_window
         self._looks = (on, (*kept, (split, merge))[-last:])
+        if ps.whatif_recall_s > 0:
+            gains = (
+                (str(e.composition), 1.0 - e.mean_s / current.mean_s) for _, e in paths["merge"]
+            )
+            merges = tuple(sorted(gains))
+            recalled = self._recall if same else ()
+            keep = max(1, round(ps.whatif_recall_s / ps.hop))
+            self._recall = (*recalled, Look(long_fraction, merges))[-keep:]
 
     def _agree(self, direction: str) -> bool:
         """The looks of the last ``persist_windows`` windows do not, on average,

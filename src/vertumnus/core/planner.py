@@ -297,6 +297,19 @@ class PlannerSettings:
     on 18 draws, 77.8 % at 0.15; docs/benchmarks/adaptive.md, "The requests since
     a change decide"). At or below ``whatif_margin``, every candidate that pays
     there moves at once."""
+    whatif_recall_s: float = 200.0
+    """Recall, against a load that cycles: a merge the whole window leads to (the
+    rules' or the check's own; not one decided on the requests since a change of
+    arrivals) is made only if the looks on the current composition over the last
+    this many seconds, back to the first whose window's long fraction differs from
+    this one's by a factor of 2 or more (another mix), do not estimate on average
+    that its target loses (verdict ``recall``). A merge pays in a trough of the
+    load and loses at its crest, where undoing it needs a drained split under the
+    very load that makes it wrong; a window alone cannot tell a trough from a
+    phase, and the looks of the last cycle can. A phase whose mix changed starts
+    the recall afresh. Splits are never held back. 0: off
+    (docs/benchmarks/adaptive.md, "Recall: a merge must not lose over the last
+    cycle")."""
     damp_flaps: int = 2
     """Flap damping, as an autoscaler's scale-down stabilization: once the
     controller has reversed a move within ``flap_s`` this many times in the last
@@ -404,6 +417,8 @@ class PlannerSettings:
             )
         if self.switch_s < 0:
             raise ValueError(f"switch_s must be >= 0, got {self.switch_s}")
+        if not self.whatif_recall_s >= 0:
+            raise ValueError(f"whatif_recall_s must be >= 0 (0: off), got {self.whatif_recall_s}")
         if self.damp_flaps < 0:
             raise ValueError(f"damp_flaps must be >= 0 (0: off), got {self.damp_flaps}")
         if not (self.flap_s > 0 and self.damp_s > 0):
