@@ -955,9 +955,11 @@ def test_small_gains_that_add_up_move_the_pool(model):
     # Each "s" window gains 0.399 of the mean by splitting the CP8: below every
     # margin here, so only the added-up gains can move. They must average
     # margin·√(persist/k) over k ≥ 2·persist windows in a row.
-    def moves(margin, persist, windows, accumulate=True):  # type: ignore[no-untyped-def]
+    # (The mean's gains alone, whatif_lean_p90=0; the test below weighs the P90's in.)
+    def moves(margin, persist, windows, accumulate=True, p90=0.0):  # type: ignore[no-untyped-def]
         ps = settings(min_requests=4, whatif_margin=margin, whatif_decisive=0.95,
-                      damp_flaps=0, persist_windows=persist, whatif_accumulate=accumulate)  # fmt: skip
+                      damp_flaps=0, persist_windows=persist, whatif_accumulate=accumulate,
+                      whatif_lean_p90=p90)  # fmt: skip
         ticks, _ = _flapping(model, ps, windows)
         return [(t.whatif.verdict, t.target) for t in ticks]
 
@@ -973,6 +975,10 @@ def test_small_gains_that_add_up_move_the_pool(model):
     assert [v for v, _ in moves(0.7, 1, "sslssss")] == ["stay"] * 6 + ["trigger"]
     # Off: only the margin's persistence moves, and nothing pays the margin.
     assert all(v == "stay" for v, _ in moves(0.5, 1, "ssssss", accumulate=False))
+    # The P90 weighed in: an "s" window's split gains 0.433 of the P90, so half and
+    # half 0.416, which meets the 0.404 of k = 3 a window sooner than the mean alone.
+    assert [v for v, _ in moves(0.7, 1, "sss", p90=0.5)] == ["stay", "stay", "trigger"]
+    assert [v for v, _ in moves(0.7, 1, "sss", p90=1.0)] == ["stay", "stay", "trigger"]
 
 
 def test_a_short_path_is_probed_at_every_step_up_to_four_probes(model):

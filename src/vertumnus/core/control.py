@@ -1177,8 +1177,8 @@ class Controller:
         current: whatif.Estimate,
     ) -> _Path | None:
         """Small gains that add up (``PlannerSettings.whatif_accumulate``): each
-        window, the best candidate of each direction by mean gain (P90 within the
-        margin). The lean's direction keeps its lean and appends its gain, a loss
+        window, the best candidate of each direction by its gain, the mean's and
+        the P90's weighed by ``whatif_lean_p90`` (its P90 within the margin). The lean's direction keeps its lean and appends its gain, a loss
         included, as long as it gains or no direction does; otherwise the best
         gaining candidate starts a new lean, and with none the lean ends. The
         candidate moves once the lean's ``k`` ≥ 2·``persist_windows`` windows
@@ -1197,9 +1197,12 @@ class Controller:
         if not ps.whatif_accumulate or current.mean_s <= 0:
             return None
         best: dict[str, tuple[float, _Path]] = {}
+        w = ps.whatif_lean_p90 if current.p90_s > 0 else 0.0
         for d, found in paths.items():
             for steps, e in found:
-                gain = 1.0 - e.mean_s / current.mean_s
+                gain = (1.0 - w) * (1.0 - e.mean_s / current.mean_s)
+                if w:
+                    gain += w * (1.0 - e.p90_s / current.p90_s)
                 p90_ok = e.p90_s <= current.p90_s * (1.0 + ps.whatif_margin)
                 if p90_ok and (d not in best or gain > best[d][0]):
                     best[d] = (gain, (d, steps, e))
