@@ -282,8 +282,9 @@ class Memory:
     (:attr:`Controller.state`), so that a shell which restarts (an operator pod
     rescheduled or upgraded) can give it back and the controller goes on as it was:
     a pool that flaps stays damped, a move in flight keeps its goal, persistence and
-    small gains keep their count, the recall its looks, the online κ what it learned. The window's
-    requests are not in it: a restarted controller fills a new window first.
+    small gains keep their count, the recall its looks, the online κ what it
+    learned. The window's requests are not in it: a restarted controller fills a
+    new window first.
     Evaluations count the hops the controller evaluated, not the time it was down:
     flaps age only while it runs."""
 
@@ -1178,10 +1179,11 @@ class Controller:
     ) -> _Path | None:
         """Small gains that add up (``PlannerSettings.whatif_accumulate``): each
         window, the best candidate of each direction by its gain, the mean's and
-        the P90's weighed by ``whatif_lean_p90`` (its P90 within the margin). The lean's direction keeps its lean and appends its gain, a loss
-        included, as long as it gains or no direction does; otherwise the best
-        gaining candidate starts a new lean, and with none the lean ends. The
-        candidate moves once the lean's ``k`` ≥ 2·``persist_windows`` windows
+        the P90's weighed by ``whatif_lean_p90`` (its P90 within the margin). The
+        lean's direction keeps its lean and appends its gain, a loss included, as
+        long as it gains or no direction does; otherwise the best gaining
+        candidate starts a new lean, and with none the lean ends. The candidate
+        moves once the lean's ``k`` ≥ 2·``persist_windows`` windows
         gained ``whatif_margin`` · √(``persist_windows`` / ``k``) on average and
         this window's gain is positive. The lean keeps the last
         ``_LEAN_MAX``·``persist_windows`` windows, so the gain needed never falls
