@@ -918,39 +918,41 @@ class Controller:
             return recent.report(moved[0]), moved[1]
         goal = self._goal
         check, out = self._check_window(before, obs, ops, replays, boundary, probes, early)
-        if out and _direction(out) == "merge":
-            target = self.state.target or self._after(layout, out)
-            if not self._recalled(target):
-                # Lately, at this mix, the looks here estimated that the merge loses:
-                # this window is a trough of a load that cycles, not a phase.
-                self._goal = goal
-                self.state = _nothing_started(before)
-                change = None if recent is None else recent.replays.change
-                return replace(check, verdict="recall", change=change), ()
+        change = None if recent is None else recent.replays.change
+        if not out:
+            return replace(check, change=change), out
+        direction = _direction(out)
+        target = self.state.target or self._after(layout, out)
+        if direction == "merge" and not self._recalled(target):
+            # Lately, at this mix, the looks here estimated that the merge loses:
+            # this window is a trough of a load that cycles, not a phase.
+            self._stand(before, goal)
+            return replace(check, verdict="recall", change=change), ()
         if recent is None:
             return check, out
-        if out and self._moved_since(recent.replays.change):
+        if self._moved_since(recent.replays.change):
             # The pool already moved on the requests since the change: the whole
             # window, mostly from before it, moves it no further (draw 14 of the
             # calibration mix: a decisive merge at the start of a light phase, split
             # back by the whole window 10 s later, then held by flap damping).
-            self._goal = goal
-            self.state = _nothing_started(before)
+            self._stand(before, goal)
             return recent.report(WhatIf(recent.current, recent.candidates, None, "hold")), ()
-        if out:
-            direction = _direction(out)
-            target = self.state.target or self._after(layout, out)
-            found = [e for _, e in recent.paths[direction] if e.composition == target]
-            if not found:
-                probe = self._probes(layout, obs.workers, direction, target)
-                found = [e for _, e in self._estimates(recent.replays, probe)]
-            if found and not self._pays(found[0], recent.current):
-                # The whole window's move does not pay on the requests since the change.
-                self._goal = goal
-                self.state = _nothing_started(before)
-                veto = WhatIf(recent.current, recent.candidates, found[0], "veto")
-                return recent.report(veto), ()
-        return replace(check, change=recent.replays.change), out
+        found = [e for _, e in recent.paths[direction] if e.composition == target]
+        if not found:
+            probe = self._probes(layout, obs.workers, direction, target)
+            found = [e for _, e in self._estimates(recent.replays, probe)]
+        if found and not self._pays(found[0], recent.current):
+            # The whole window's move does not pay on the requests since the change.
+            self._stand(before, goal)
+            veto = WhatIf(recent.current, recent.candidates, found[0], "veto")
+            return recent.report(veto), ()
+        return replace(check, change=change), out
+
+    def _stand(self, before: planner.ControllerState, goal: tuple[str, Composition] | None) -> None:
+        """Undo what this look started: the planner back at ``before`` with nothing
+        pending, and the check's goal as it was before the look (``goal``)."""
+        self._goal = goal
+        self.state = _nothing_started(before)
 
     def _recalled(self, target: Composition) -> bool:
         """A merge toward ``target`` is not refuted by the recall
@@ -1018,8 +1020,7 @@ class Controller:
             and check.since_s is None
             and not self._outlasted()
         ):
-            self._goal = goal
-            self.state = _nothing_started(before)
+            self._stand(before, goal)
             return replace(check, verdict="damped"), ()
         last = self._last_move
         if last is not None and last[0] != direction and now - last[1] <= ps.flap_s / ps.hop:
