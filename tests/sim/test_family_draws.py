@@ -100,6 +100,28 @@ def test_a_cell_of_several_copies_is_judged_on_their_means():
     assert single["best_fixed_mean"] == "vertumnus:A" and "replicas" not in single
 
 
+def test_fixed_pools_in_hindsight_per_cell_and_per_workload():
+    f = bench_script("families.py")
+
+    def drawn(d: int, a: tuple[float, float], b: tuple[float, float], load: str = "light"):
+        return {**copy((1.0, 1.0), a, b), "draw": d, "load": load}
+
+    cells = [
+        # Light: A best in draw 0, B in draw 1 (A is 2 % behind on the P90 there), both
+        # in draw 2; no one composition meets all three draws.
+        drawn(0, (1.0, 2.0), (1.0, 2.1)),
+        drawn(1, (1.0, 2.04), (1.005, 2.0)),
+        drawn(2, (1.0, 2.0), (1.0, 2.0)),
+        # Moderate: the best mean is 3 % behind on the P90 and the best P90 3 % behind
+        # on the mean: no fixed composition meets it.
+        drawn(0, (1.0, 2.06), (1.03, 2.0), "moderate"),
+    ]
+    assert f.hindsight(cells) == {
+        "some_fixed_composition": 3,
+        "one_fixed_composition_per_workload": 2,
+    }
+
+
 def test_fixed_runs_from_an_earlier_output_judge_a_cell_as_if_run_again():
     f = bench_script("families.py")
 

@@ -205,9 +205,12 @@ class RequestTable:
         total = columns.lengths.astype(np.float64)
         cached = columns.cached.astype(np.int64)
         n = self.n = len(arrivals)
-        uniq, inverse = np.unique(columns.reused_keys[columns.reuses], return_inverse=True)
+        keys = columns.reused_keys[columns.reuses]
+        # The inverse by a search of the sorted unique keys: the same as
+        # np.unique(..., return_inverse=True), about half its time.
+        uniq = np.unique(keys)
         reused = np.full(n, -1, dtype=np.int64)
-        reused[columns.reuses] = inverse
+        reused[columns.reuses] = np.searchsorted(uniq, keys)
         ids = {k: i for i, k in enumerate(uniq.tolist())}
         carrier, carried = _carriers(ids, columns.key_index)
         rank = np.arange(n)
