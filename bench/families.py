@@ -273,13 +273,15 @@ def _ratios(runs: dict[str, Any]) -> tuple[str, str, float, float]:
 
 def _fixed_within(cell: dict[str, Any]) -> set[str]:
     """The fixed compositions within 1 % of the cell's best on both mean and P90."""
-    fixed = {k: v for k, v in cell["runs"].items() if k != "vertumnus-adaptive"}
-    best_mean = min(v["mean_ttft_s"] for v in fixed.values())
-    best_p90 = min(v["p90_ttft_s"] for v in fixed.values())
+    runs = cell["runs"]
+    best_mean, best_p90, _, _ = _ratios(runs)
+    mean, p90 = runs[best_mean]["mean_ttft_s"], runs[best_p90]["p90_ttft_s"]
     return {
         k
-        for k, v in fixed.items()
-        if v["mean_ttft_s"] <= 1.01 * best_mean and v["p90_ttft_s"] <= 1.01 * best_p90
+        for k, v in runs.items()
+        if k != "vertumnus-adaptive"
+        and v["mean_ttft_s"] <= 1.01 * mean
+        and v["p90_ttft_s"] <= 1.01 * p90
     }
 
 
