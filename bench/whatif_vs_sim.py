@@ -20,7 +20,11 @@ queueing and placement alone. ``--beta-busy`` sets β_busy on both sides.
 controller does (each window cold, with the cached tokens of the first
 composition), and prints each composition's gain over the first: the mean over
 the windows and their standard deviation, i.e. how noisy one window's
-estimate is. ``--phases SPEC`` (with ``--seed``) reshapes ``--trace`` as
+estimate is. ``--decompose`` also splits each composition's TTFT per request into
+its wait and its prefill time, and counts the tokens reused, in the simulator and in
+the replay (window by window with ``--windows``): where the two part ways
+(docs/benchmarks/adaptive.md, "The estimate's bias on mooncake, again").
+``--phases SPEC`` (with ``--seed``) reshapes ``--trace`` as
 ``vertumnus simulate --phases`` does. ``--ties first`` adds a third column: the replay breaking ties as placement
 did until 2026-12-04 (of equal costs the lower worker, so the first idle worker
 takes a request no cache draws) instead of giving it the longest-idle worker,
@@ -33,6 +37,8 @@ worker").
     python bench/whatif_vs_sim.py --trace synthetic:preset=toolagent,mean_rate=44,duration_s=900 \\
         --no-reuse 4.5
     python bench/whatif_vs_sim.py --family toolagent --load moderate --draw 1 --ties first
+    python bench/whatif_vs_sim.py --family mooncake --load light --draw 2 --windows 20 \
+        --compositions 6xCP4+2xCP8,8xCP4+1xCP8,10xCP4 --decompose
     python bench/whatif_vs_sim.py --trace ../shared/traces/mooncake/conversation_trace.jsonl \
         --phases "1125s:rate=2.5,long=5" --seed 3 --windows 20 \
         --compositions 4xCP4+3xCP8,2xCP4+4xCP8,6xCP4+2xCP8
@@ -48,6 +54,7 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -168,6 +175,9 @@ class Comparison(NamedTuple):
     """The replay with placement's former tie-break (empty unless asked for)."""
     cached: dict[int, int]
     """Request id → the tokens it reused on the first composition."""
+    served: list[dict[int, tuple[float, float, int]]]
+    """Per composition, scored request id → its wait, its prefill time and the tokens it
+    reused in the simulator (seconds, T_ext out)."""
 
 
 def replay_rows(
@@ -195,6 +205,7 @@ def compare(
     model = load_model()
     cached: dict[int, int] = {}
     sim_s: list[float] = []
+    served: list[dict[int, tuple[float, float, int]]] = []
     for comp in comps:
         pool = PoolConfig(comp, model, block_size=block_size)
         run = Simulation(pool, CostModelPolicy(params)).run(requests)
@@ -202,6 +213,12 @@ def compare(
         sim_s.append(summarize(done).mean_ttft_s - pool.t_ext_s)
         if not cached:
             cached = {c.request_id: c.cached_tokens for c in run.completions}
+        each = {}
+        for c in done:
+            p = min(c.cached_tokens, c.length)
+            prefill = model.predict(c.degree, c.length - p, p)
+            each[c.request_id] = (c.ttft_s - pool.t_ext_s - prefill, prefill, c.cached_tokens)
+        served.append(each)
     rows = replay_rows(requests, cached, skip_s, math.inf)
     degrees = sorted({d for c in comps for d in c.degrees})
     table = whatif.RequestTable(rows, block_size, model, degrees)
@@ -213,6 +230,7 @@ def compare(
         if first_idle
         else [],
         cached,
+        served,
     )
 
 
@@ -243,6 +261,73 @@ def window_gains(
     return np.array(gains).reshape(-1, len(comps))
 
 
+def decompose(
+    requests: list[Request],
+    got: Comparison,
+    block_size: int,
+    comps: list[Composition],
+    params: PlacementParams,
+    skip_s: float,
+    window_s: float | None,
+) -> list[dict[str, dict[str, float]]]:
+    """Per composition, what a scored request's TTFT is made of in the simulator and in
+    the replay (window by window with ``window_s``, as the controller replays them and
+    as :func:`window_gains` cuts them, else the whole stretch): the mean wait, prefill
+    time and reused tokens per request, over the requests the replay served, and in
+    the replay the share of requests with a prefix to reuse that reused it (they
+    reuse it whole, or not at all)."""
+    model = load_model()
+    degrees = sorted({d for c in comps for d in c.degrees})
+    ordered = sorted(requests, key=lambda q: q.arrival_s)
+    end = max(q.arrival_s for q in requests)
+    spans = [(skip_s, math.inf)]
+    if window_s is not None:
+        # The windows of window_gains: whole ones only.
+        spans = []
+        while skip_s + window_s * (len(spans) + 1) <= end:
+            start = skip_s + window_s * len(spans)
+            spans.append((start, start + window_s))
+    out = []
+    for i, comp in enumerate(comps):
+        waits, prefills, reused, hits = [], [], [], []
+        replayed: list[int] = []
+        for start, stop in spans:
+            rows = replay_rows(ordered, got.cached, start, stop)
+            if len(rows) < 20 and window_s is not None:
+                continue
+            table = whatif.RequestTable(rows, block_size, model, degrees)
+            record: list[tuple[float, float, bool]] = []
+            whatif.estimate(table, comp, params, variant=partial(whatif.replay_py, record=record))
+            ids = [q.id for q in ordered if start <= q.arrival_s < stop]
+            for q_id, row, (wait, prefill, hit) in zip(ids, rows, record, strict=True):
+                if math.isnan(wait):
+                    continue
+                replayed.append(q_id)
+                waits.append(wait)
+                prefills.append(prefill)
+                reused.append(row[2] if hit else 0)
+                if row[2] > 0:
+                    hits.append(hit)
+        # The simulator's side over the same requests.
+        sim = [got.served[i][q_id] for q_id in replayed]
+        out.append(
+            {
+                "simulator": {
+                    "wait_s": float(np.mean([w for w, _, _ in sim])),
+                    "prefill_s": float(np.mean([p for _, p, _ in sim])),
+                    "reused_tokens": float(np.mean([r for _, _, r in sim])),
+                },
+                "replay": {
+                    "wait_s": float(np.mean(waits)),
+                    "prefill_s": float(np.mean(prefills)),
+                    "reused_tokens": float(np.mean(reused)),
+                    "reused_share": float(np.mean(hits)) if hits else 0.0,
+                },
+            }
+        )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--trace", help="a trace spec, as `vertumnus simulate --trace` takes")
@@ -260,6 +345,12 @@ def main(argv: list[str] | None = None) -> int:
         "--no-reuse", type=float, metavar="SCALE", help="unique block keys, arrivals ×SCALE"
     )
     ap.add_argument("--beta-busy", type=float, default=PlacementParams().beta_busy)
+    ap.add_argument(
+        "--decompose",
+        action="store_true",
+        help="also each composition's wait, prefill time and reuse per request, in the "
+        "simulator and in the replay (window by window with --windows)",
+    )
     ap.add_argument(
         "--ties",
         choices=("first",),
@@ -302,6 +393,19 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"  {str(comp):<16} simulator, whole {sim_gain:+.1%}   windows: mean "
                 f"{gains[:, i].mean():+.1%}, sd {gains[:, i].std():.1%}"
+            )
+    if args.decompose:
+        how = f"windows of {args.windows:g} s" if args.windows else "the whole stretch"
+        print(f"per scored request (replay: {how}): wait, prefill, reused tokens")
+        parts = decompose(requests, got, trace.block_size, comps, params, skip, args.windows)
+        for comp, part in zip(comps, parts, strict=True):
+            sim, rep = part["simulator"], part["replay"]
+            print(
+                f"  {str(comp):<16} simulator {1e3 * sim['wait_s']:6.1f} ms "
+                f"{1e3 * sim['prefill_s']:6.1f} ms {sim['reused_tokens']:7.0f}   "
+                f"replay {1e3 * rep['wait_s']:6.1f} ms {1e3 * rep['prefill_s']:6.1f} ms "
+                f"{rep['reused_tokens']:7.0f} (reused by {rep['reused_share']:.0%} of those "
+                "with a prefix)"
             )
     return 0
 

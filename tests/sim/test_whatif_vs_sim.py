@@ -24,7 +24,7 @@ def test_without_reuse_the_replay_is_the_simulator():
     assert len(keys) == len(set(keys))
     assert [q.arrival_s for q in requests] == [2.0 * q.arrival_s for q in trace.requests]
     comps = [Composition.parse("10xCP4"), Composition.parse("6xCP4+2xCP8")]
-    sim_s, replay_s, n, first_idle_s, _ = b.compare(
+    sim_s, replay_s, n, first_idle_s, _, _ = b.compare(
         requests, trace.block_size, comps, PlacementParams(), 20.0, first_idle=True
     )
     assert n == sum(q.arrival_s >= 20.0 for q in requests) > 100
@@ -37,6 +37,42 @@ def test_without_reuse_the_replay_is_the_simulator():
     scored = [q for q in requests if q.arrival_s >= 20.0]
     service = sum(model.predict(4, q.length, 0) for q in scored) / len(scored)
     assert sim_s[0] > 1.01 * service
+
+
+def test_a_ttft_is_split_into_wait_and_prefill_in_both():
+    b = bench_script("whatif_vs_sim.py")
+    trace = load_trace("synthetic:duration_s=120,mean_rate=30", seed=3)
+    comps = [Composition.parse("10xCP4"), Composition.parse("6xCP4+2xCP8")]
+    params = PlacementParams()
+    # Without reuse the two are the same request by request, and reuse nothing.
+    alone = b.without_reuse(list(trace.requests), 2.0)
+    got = b.compare(alone, trace.block_size, comps, params, 20.0)
+    for i, part in enumerate(b.decompose(alone, got, trace.block_size, comps, params, 20.0, None)):
+        sim, rep = part["simulator"], part["replay"]
+        assert rep["wait_s"] == pytest.approx(sim["wait_s"], rel=1e-9, abs=1e-12)
+        assert rep["prefill_s"] == pytest.approx(sim["prefill_s"], rel=1e-9)
+        assert sim["reused_tokens"] == rep["reused_tokens"] == rep["reused_share"] == 0.0
+        assert sim["wait_s"] + sim["prefill_s"] == pytest.approx(got.sim_s[i], rel=1e-9)
+    # With reuse: the parts add up to each side's mean TTFT, and the replay reuses
+    # some prefixes and misses others.
+    requests = list(trace.requests)
+    got = b.compare(requests, trace.block_size, comps, params, 20.0)
+    parts = b.decompose(requests, got, trace.block_size, comps, params, 20.0, None)
+    for i, part in enumerate(parts):
+        sim, rep = part["simulator"], part["replay"]
+        assert sim["wait_s"] + sim["prefill_s"] == pytest.approx(got.sim_s[i], rel=1e-9)
+        assert rep["wait_s"] + rep["prefill_s"] == pytest.approx(got.replay_s[i], rel=1e-9)
+        assert sim["reused_tokens"] > 0 and rep["reused_tokens"] > 0
+        assert 0.0 < rep["reused_share"] <= 1.0
+    # Window by window, as the controller replays them: both sides over the whole
+    # windows' requests only (20-45, 45-70 and 70-95 s).
+    windows = b.decompose(requests, got, trace.block_size, comps, params, 20.0, 25.0)
+    inside = [q.id for q in requests if 20.0 <= q.arrival_s < 95.0]
+    assert len(inside) < len(got.served[0])
+    waits = [got.served[0][i][0] for i in inside]
+    assert windows[0]["simulator"]["wait_s"] == pytest.approx(sum(waits) / len(waits))
+    # Each window starts cold: less reuse than on the whole stretch.
+    assert windows[0]["replay"]["reused_share"] < parts[0]["replay"]["reused_share"]
 
 
 def test_windows_are_replayed_one_by_one_as_the_controller_replays_them():

@@ -46,6 +46,7 @@ from vertumnus.core.types import Composition
 
 __all__ = [
     "HOLDERS",
+    "NO_WORKER",
     "Columns",
     "Estimate",
     "RequestTable",
@@ -58,6 +59,9 @@ __all__ = [
     "reused_key",
     "transition_starts",
 ]
+
+NO_WORKER = (math.nan, math.nan, False)
+"""What :func:`replay_py` records for a request no worker can hold."""
 
 HOLDERS = 8
 """The replay keeps a prefix at the last this-many workers that served it: an LRU
@@ -370,6 +374,7 @@ def replay_py(
     lam_terms: Sequence[float],
     beta: float,
     extra: float,
+    record: list[tuple[float, float, bool]] | None = None,
 ) -> list[float]:
     """The list-scheduling replay of :func:`estimate` (pure Python; ``_whatif.c`` is its
     compiled twin, the same floats): per request its TTFT, nan if no worker can hold it.
@@ -377,7 +382,10 @@ def replay_py(
     ``index``: the table rows of the composition's degrees (ascending);
     ``worker_starts``: per degree, when each of its workers starts serving;
     ``lam_terms``: λ·(C/C_min − 1) per degree; β_i = ``beta`` + ``extra``·(share of
-    workers with a request waiting), as placement computes it.
+    workers with a request waiting), as placement computes it. ``record`` (a
+    diagnostic, ``bench/whatif_vs_sim.py --decompose``): appended per request, its
+    wait, its prefill time and whether it reused its prefix (:data:`NO_WORKER` for a
+    request no worker can hold).
     """
     arrivals, reused, carries, hits, misses, free, row_of = replay_inputs(
         table, index, worker_starts
@@ -419,6 +427,8 @@ def replay_py(
             cost = (start - a) + (b + lam_terms[k]) * e
             if cost < best_cost:
                 best_w, best_cost, best_start, best_e = w, cost, start, e
+        if record is not None:
+            record.append((best_start - a, best_e, best_w in hold) if best_w >= 0 else NO_WORKER)
         if best_w < 0:
             ttft.append(math.nan)
             continue
