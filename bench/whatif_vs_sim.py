@@ -292,17 +292,18 @@ def decompose(
         waits, prefills, reused, hits = [], [], [], []
         replayed: list[int] = []
         for start, stop in spans:
-            rows = replay_rows(ordered, got.cached, start, stop)
-            if len(rows) < 20 and window_s is not None:
+            inside = [q for q in ordered if start <= q.arrival_s < stop]
+            if len(inside) < 20 and window_s is not None:
                 continue
+            rows = replay_rows(inside, got.cached, start, stop)
             table = whatif.RequestTable(rows, block_size, model, degrees)
             record: list[tuple[float, float, bool]] = []
             whatif.estimate(table, comp, params, variant=partial(whatif.replay_py, record=record))
-            ids = [q.id for q in ordered if start <= q.arrival_s < stop]
-            for q_id, row, (wait, prefill, hit) in zip(ids, rows, record, strict=True):
+            # Arrival order: the table's, and so the record's.
+            for q, row, (wait, prefill, hit) in zip(inside, rows, record, strict=True):
                 if math.isnan(wait):
                     continue
-                replayed.append(q_id)
+                replayed.append(q.id)
                 waits.append(wait)
                 prefills.append(prefill)
                 reused.append(row[2] if hit else 0)
