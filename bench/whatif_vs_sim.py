@@ -52,7 +52,7 @@ import argparse
 import heapq
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -234,6 +234,18 @@ def compare(
     )
 
 
+def windows(requests: list[Request], skip_s: float, window_s: float) -> Iterator[list[Request]]:
+    """The requests of each whole window of ``window_s`` from ``skip_s`` on that holds at
+    least 20, in arrival order: the windows the controller would replay."""
+    ordered = sorted(requests, key=lambda q: q.arrival_s)
+    start, end = skip_s, ordered[-1].arrival_s
+    while start + window_s <= end:
+        inside = [q for q in ordered if start <= q.arrival_s < start + window_s]
+        start += window_s
+        if len(inside) >= 20:
+            yield inside
+
+
 def window_gains(
     requests: list[Request],
     cached: dict[int, int],
@@ -243,18 +255,14 @@ def window_gains(
     skip_s: float,
     window_s: float,
 ) -> np.ndarray:
-    """Per window of ``window_s`` from ``skip_s`` on (of at least 20 requests), each
-    composition's estimated gain over the first, the window replayed on its own as the
-    controller replays one: rows are windows, columns compositions."""
+    """Per window (:func:`windows`), each composition's estimated gain over the first,
+    the window replayed on its own as the controller replays one: rows are windows,
+    columns compositions."""
     model = load_model()
     degrees = sorted({d for c in comps for d in c.degrees})
     gains = []
-    start, end = skip_s, max(q.arrival_s for q in requests)
-    while start + window_s <= end:
-        rows = replay_rows(requests, cached, start, start + window_s)
-        start += window_s
-        if len(rows) < 20:
-            continue
+    for inside in windows(requests, skip_s, window_s):
+        rows = replay_rows(inside, cached, -math.inf, math.inf)
         table = whatif.RequestTable(rows, block_size, model, degrees)
         means = [whatif.estimate(table, c, params).mean_s for c in comps]
         gains.append([1.0 - m / means[0] for m in means])
@@ -271,47 +279,36 @@ def decompose(
     window_s: float | None,
 ) -> list[dict[str, dict[str, float]]]:
     """Per composition, what a scored request's TTFT is made of in the simulator and in
-    the replay (window by window with ``window_s``, as the controller replays them and
-    as :func:`window_gains` cuts them, else the whole stretch): the mean wait, prefill
-    time and reused tokens per request, over the requests the replay served, and in
-    the replay the share of requests with a prefix to reuse that reused it (they
-    reuse it whole, or not at all)."""
+    the replay (window by window with ``window_s``, as :func:`windows` cuts them, else
+    the whole stretch): the mean wait, prefill time and reused tokens per request, over
+    the requests the replay served, and in the replay the share of requests with a
+    prefix to reuse that reused it (they reuse it whole, or not at all)."""
     model = load_model()
     degrees = sorted({d for c in comps for d in c.degrees})
-    ordered = sorted(requests, key=lambda q: q.arrival_s)
-    end = max(q.arrival_s for q in requests)
-    spans = [(skip_s, math.inf)]
-    if window_s is not None:
-        # The windows of window_gains: whole ones only.
-        spans = []
-        while skip_s + window_s * (len(spans) + 1) <= end:
-            start = skip_s + window_s * len(spans)
-            spans.append((start, start + window_s))
-    out = []
-    for i, comp in enumerate(comps):
-        waits, prefills, reused, hits = [], [], [], []
-        replayed: list[int] = []
-        for start, stop in spans:
-            inside = [q for q in ordered if start <= q.arrival_s < stop]
-            if len(inside) < 20 and window_s is not None:
-                continue
-            rows = replay_rows(inside, got.cached, start, stop)
-            table = whatif.RequestTable(rows, block_size, model, degrees)
+    if window_s is None:
+        spans = [sorted((q for q in requests if q.arrival_s >= skip_s), key=lambda q: q.arrival_s)]
+    else:
+        spans = list(windows(requests, skip_s, window_s))
+    # Per composition: (request id, wait, prefill, reused tokens, reused or None if
+    # it had no prefix to reuse) of each request the replay served.
+    served: list[list[tuple[int, float, float, int, bool | None]]] = [[] for _ in comps]
+    for inside in spans:
+        rows = replay_rows(inside, got.cached, -math.inf, math.inf)
+        table = whatif.RequestTable(rows, block_size, model, degrees)
+        for comp, out in zip(comps, served, strict=True):
             record: list[tuple[float, float, bool]] = []
             whatif.estimate(table, comp, params, variant=partial(whatif.replay_py, record=record))
             # Arrival order: the table's, and so the record's.
             for q, row, (wait, prefill, hit) in zip(inside, rows, record, strict=True):
-                if math.isnan(wait):
-                    continue
-                replayed.append(q.id)
-                waits.append(wait)
-                prefills.append(prefill)
-                reused.append(row[2] if hit else 0)
-                if row[2] > 0:
-                    hits.append(hit)
+                if not math.isnan(wait):
+                    reused = row[2] if hit else 0
+                    out.append((q.id, wait, prefill, reused, hit if row[2] > 0 else None))
+    parts = []
+    for i, replayed in enumerate(served):
         # The simulator's side over the same requests.
-        sim = [got.served[i][q_id] for q_id in replayed]
-        out.append(
+        sim = [got.served[i][r[0]] for r in replayed]
+        hits = [r[4] for r in replayed if r[4] is not None]
+        parts.append(
             {
                 "simulator": {
                     "wait_s": float(np.mean([w for w, _, _ in sim])),
@@ -319,14 +316,14 @@ def decompose(
                     "reused_tokens": float(np.mean([r for _, _, r in sim])),
                 },
                 "replay": {
-                    "wait_s": float(np.mean(waits)),
-                    "prefill_s": float(np.mean(prefills)),
-                    "reused_tokens": float(np.mean(reused)),
+                    "wait_s": float(np.mean([r[1] for r in replayed])),
+                    "prefill_s": float(np.mean([r[2] for r in replayed])),
+                    "reused_tokens": float(np.mean([r[3] for r in replayed])),
                     "reused_share": float(np.mean(hits)) if hits else 0.0,
                 },
             }
         )
-    return out
+    return parts
 
 
 def main(argv: list[str] | None = None) -> int:
