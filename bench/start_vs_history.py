@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown families {unknown}; known: {sorted(families.FAMILIES)}")
     stored = json.loads(Path(args.stored).read_text())
     by_key = {(c["family"], c["load"], c["draw"]): c for c in stored["cells"]}
+    if any(draw is None for _, _, draw in by_key):
+        ap.error(f"{args.stored} holds a stretch without a warm-up: give a file of --draws")
     cells = []
     for (fam, load, draw), c in by_key.items():
         if fam in chosen:
