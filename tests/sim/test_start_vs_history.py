@@ -8,9 +8,8 @@ import json
 import pytest
 
 from tests.conftest import bench_script
-from vertumnus.core import planner
-from vertumnus.core.control import initial_composition
-from vertumnus.profiles import load_capacity, load_model
+from vertumnus.profiles import load_model
+from vertumnus.sim.reconfig import build_adaptive
 from vertumnus.sim.runner import parse_planner_settings
 
 
@@ -24,26 +23,19 @@ def test_the_start_it_judges_is_adaptives_and_each_pick_is_held_against_the_stor
         if (c["family"], c["load"], c["draw"]) == ("toolagent", "light", 0)
     ]
     got = b.cell("toolagent", "light", 0, found[0])
-    # The estimate's pick is where the adaptive pool starts.
+    # The estimate's pick is where the family benchmark's adaptive pool starts.
     trace, _ = f.workload("toolagent", "light", 0)
-    model, control = load_model(), parse_planner_settings("")
-    lattice = planner.enumerate_lattice(f.GPUS, control.degrees, control.domain_size)
-    start = initial_composition(
-        trace.requests,
-        trace.block_size,
-        f.WARMUP_S,
-        lattice,
-        load_capacity(model.name),
-        model,
-        control,
+    options = f.adaptive_options(trace, parse_planner_settings(""), draw=0)
+    start = (
+        build_adaptive(trace, load_model(), options).attachments["executor"].pool.layout.composition
     )
     assert got["estimate"]["pick"] == str(start)
     assert found[0]["runs"]["vertumnus-adaptive"]["timeline"][0]["composition"] == str(start)
     # Each pick held fixed is read from the stored fixed runs, against their best.
     runs = found[0]["runs"]
+    best = min(r["mean_ttft_s"] for k, r in runs.items() if k.startswith("vertumnus:"))
     for pick in (got["estimate"], got["simulator_on_history"]):
         fixed = runs[f"vertumnus:{pick['pick']}"]
-        best = min(r["mean_ttft_s"] for k, r in runs.items() if k.startswith("vertumnus:"))
         assert pick["held"][0] == pytest.approx(fixed["mean_ttft_s"] / best)
         assert min(pick["held"]) >= 1.0
     assert got["adaptive"][0] == pytest.approx(runs["vertumnus-adaptive"]["mean_ttft_s"] / best)
