@@ -42,7 +42,12 @@ import time
 from dataclasses import replace
 
 from vertumnus.core import planner
-from vertumnus.core.control import Controller, history_requests
+from vertumnus.core.control import Controller
+
+try:
+    from vertumnus.core.start import history_requests
+except ImportError:  # a checkout from before core/start.py, run by compare_checkouts.py
+    from vertumnus.core.control import history_requests  # type: ignore[attr-defined,no-redef]
 from vertumnus.core.types import Composition, Request
 from vertumnus.profiles import load_model
 from vertumnus.sim.synthetic import SyntheticConfig, generate

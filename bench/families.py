@@ -74,9 +74,9 @@ from typing import Any
 import numpy as np
 
 from vertumnus.core import planner
-from vertumnus.core.control import history_requests
 from vertumnus.core.metrics import Completion, summarize
 from vertumnus.core.policies.vertumnus import CostModelPolicy
+from vertumnus.core.start import history_requests
 from vertumnus.profiles import load_model
 from vertumnus.sim.engine import PoolConfig, Simulation
 from vertumnus.sim.phases import apply_phases

@@ -1,7 +1,7 @@
 """Is the initial composition limited by its estimate, or by its history? (issue 12)
 
 ``vertumnus-adaptive`` starts each family cell (``bench/families.py --draws``)
-on the composition whose what-if estimate (:func:`vertumnus.core.control.composition_estimates`)
+on the composition whose what-if estimate (:func:`vertumnus.core.start.composition_estimates`)
 is lowest on the cell's 225 s warm-up, its history. This command puts, for
 every cell, three picks side by side:
 
@@ -38,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import families  # noqa: E402  (the workload families and their cells)
 
 from vertumnus.core import planner  # noqa: E402
-from vertumnus.core.control import composition_estimates  # noqa: E402
 from vertumnus.core.metrics import summarize  # noqa: E402
 from vertumnus.core.policies.vertumnus import CostModelPolicy  # noqa: E402
+from vertumnus.core.start import composition_estimates  # noqa: E402
 from vertumnus.profiles import load_capacity, load_model  # noqa: E402
 from vertumnus.sim.engine import PoolConfig, Simulation  # noqa: E402
 from vertumnus.sim.runner import parse_planner_settings  # noqa: E402

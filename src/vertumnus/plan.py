@@ -7,7 +7,7 @@ JSONL, an Azure CSV, or the synthetic generator) can instead start where the
 simulator's adaptive pool starts: this command estimates, on the trace's
 requests, the mean and P90 TTFT every composition of the GPU budget would
 give (the controller's what-if replay, with the prefix reuse an ideal global
-cache would find in the trace: :func:`vertumnus.core.control.composition_estimates`),
+cache would find in the trace: :func:`vertumnus.core.start.composition_estimates`),
 ranks them, and prints the ``spec`` lines of a CPPool that starts on the best.
 
 The estimates leave out T_ext (the KV transfer to decode) and cache capacity;
@@ -104,8 +104,8 @@ def _vs(estimates: Sequence[Estimate], default: Composition, best: Estimate) -> 
 def cmd_plan(args: argparse.Namespace) -> int:
     from vertumnus.cli import UsageError, load_user_trace
     from vertumnus.core import planner
-    from vertumnus.core.control import composition_estimates, history_requests
     from vertumnus.core.placement import PlacementParams
+    from vertumnus.core.start import composition_estimates, history_requests
     from vertumnus.profiles import DEFAULT_PROFILE, load_capacity, load_model
     from vertumnus.sim.traces import scale_rate
 

@@ -8,8 +8,8 @@ import pytest
 from tests.cli.test_cli import run
 from vertumnus.cli import main
 from vertumnus.core import planner, whatif
-from vertumnus.core.control import history_requests, initial_composition
 from vertumnus.core.placement import PlacementParams
+from vertumnus.core.start import history_requests, initial_composition
 from vertumnus.core.types import Composition
 from vertumnus.profiles import load_capacity, load_model
 from vertumnus.sim.traces import load_trace

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from vertumnus.core import planner
-from vertumnus.core.control import ControlWindows, history_requests
+from vertumnus.core.start import history_requests
 from vertumnus.core.types import Request
+from vertumnus.core.windows import ControlWindows
 
 
 def r(rid: int, length: int, t: float = 0.0, keys=()) -> Request:

@@ -8,15 +8,12 @@ import numpy as np
 import pytest
 
 from vertumnus.core import planner, whatif
-from vertumnus.core.control import (
-    Controller,
-    ControlWindows,
-    history_requests,
-    initial_composition,
-)
+from vertumnus.core.control import Controller
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.placement import PlacementParams
+from vertumnus.core.start import history_requests, initial_composition
 from vertumnus.core.types import Composition, Request
+from vertumnus.core.windows import ControlWindows
 from vertumnus.profiles import load_model
 from vertumnus.sim.synthetic import SyntheticConfig, generate
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from vertumnus.core import planner
-from vertumnus.core.control import history_requests
 from vertumnus.core.costmodel import PrefillModel
+from vertumnus.core.start import history_requests
 from vertumnus.core.types import Composition, Request
 from vertumnus.profiles import capacity_from_dict, load_capacity
 from vertumnus.sim.capacity import profile_degree

@@ -1,18 +1,12 @@
-"""The composition controller's bookkeeping: observation windows, reuse weights, history (design.md section 4).
+"""The composition controller: the planner's steps, the what-if check, and what they remember (design.md section 4).
 
 The planner (:mod:`vertumnus.core.planner`) decides from one
-:class:`~vertumnus.core.planner.WindowObservation` at a time; this module
+:class:`~vertumnus.core.planner.WindowObservation` at a time; :class:`Controller`
 builds those observations from what the pool does, the same way in every
-shell, and runs the planner's steps:
+shell (:class:`vertumnus.core.windows.ControlWindows`), runs the planner's
+steps and passes every decision through the what-if check
+(:mod:`vertumnus.core.whatif`). What it keeps between looks:
 
-- **windows**: every placement of a request adds its Ê (at the worker it was
-  placed on) to the open hop, once per request (a request placed again after
-  a drain is not counted twice); a window is the last ``window_s`` seconds,
-  i.e. the last ``window_s / hop_s`` hops (one hop for disjoint windows), and
-  the newest hop is the observation's ``fresh_*`` part;
-- **reuse weights**: the cached blocks each worker reused recently, halving
-  per window, so that the planner ranks a reconfiguration of a worker whose
-  cache is in demand after one whose cache is cold;
 - **change points** (``settings.whatif_change``): where the window's
   arrivals changed, if they did (:mod:`vertumnus.core.changepoint`), so that
   the what-if check judges on the requests since the change;
@@ -23,50 +17,41 @@ shell, and runs the planner's steps:
   every merge candidate, so that a merge the whole window leads to is made
   only where the looks on this composition at the same mix, lately, do not
   estimate on average that it loses;
-- **history**: the planner's view of a past workload
-  (:func:`history_requests`), for the initial composition;
 - **capacity samples** (``settings.learn_capacity``): each degree's window of
   placements and the TTFTs its requests got (:meth:`Controller.placed`,
   :meth:`Controller.completed`, or a router replica's sums,
   :meth:`Controller.capacity_reported`), from which κ is corrected
   (:mod:`vertumnus.core.kappa`).
 
-:class:`Controller` ties the planner state, the windows and the capacity
-profile together: the shell calls :meth:`Controller.tick` every
-``settings.hop`` seconds of its own time and :meth:`Controller.committed`
-after each commit, and starts the operations they return (through
-:mod:`vertumnus.core.transition`). Pure: no clock (the shell measures the
-planner's time if it wants to), no I/O.
+Where the pool starts is :mod:`vertumnus.core.start`. The shell calls
+:meth:`Controller.tick` every ``settings.hop`` seconds of its own time and
+:meth:`Controller.committed` after each commit, and starts the operations
+they return (through :mod:`vertumnus.core.transition`). Pure: no clock (the
+shell measures the planner's time if it wants to), no I/O.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from array import array
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from vertumnus.core import changepoint, kappa, planner, whatif
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.metrics import SloRule
 from vertumnus.core.placement import PlacementParams
-from vertumnus.core.types import Composition, Request, cached_tokens
+from vertumnus.core.types import Composition, Request
+from vertumnus.core.windows import ControlWindows
 
 __all__ = [
     "Controller",
-    "ControlWindows",
     "Look",
     "Memory",
     "Tick",
     "WhatIf",
-    "composition_estimates",
-    "history_requests",
-    "initial_composition",
 ]
 
 
@@ -84,182 +69,6 @@ class Tick:
     kappa: Mapping[int, float] | None = None
     """κ per degree the rules read this window (the learned one with
     ``learn_capacity``, else the shipped one)."""
-
-
-class _SeenHop:
-    """One hop's requests for the what-if check, column by column (arrays
-    appended per placement, so that the check's table is array work), and the key
-    index (block key → positions of the hop's requests that carry it), so that the
-    check looks up the reused prefixes instead of scanning every block of the window."""
-
-    __slots__ = ("arrivals", "cached", "keys", "lengths", "reused_keys", "reuses", "whole")
-
-    def __init__(self) -> None:
-        self.whole = True
-        """False: some of the hop's requests are missing (a report was cut)."""
-        self.keys: dict[int, list[int]] = {}
-        self.arrivals = array("d")
-        self.lengths = array("q")
-        self.cached = array("q")
-        self.reused_keys = array("Q")
-        self.reuses = array("b")
-
-    def add(self, request: Request, cached_tokens: int, block_size: int) -> None:
-        keys = request.block_keys
-        index = self.keys
-        pos = len(self.arrivals)
-        for k in keys:
-            found = index.get(k)
-            if found is None:
-                index[k] = [pos]
-            else:
-                found.append(pos)
-        self.arrivals.append(request.arrival_s)
-        self.lengths.append(request.length)
-        self.cached.append(cached_tokens)
-        reused = whatif.reused_key(keys, cached_tokens, block_size)
-        self.reused_keys.append(0 if reused is None else reused)
-        self.reuses.append(reused is not None)
-
-
-class ControlWindows:
-    """Per-hop demand buckets and per-worker reuse weights (see the module docstring)."""
-
-    def __init__(self, settings: planner.PlannerSettings, block_size: int = 512) -> None:
-        self.settings = settings
-        self._demand = 0.0
-        self._requests = 0
-        self._long = 0
-        self._long_demand = 0.0
-        self._buckets: deque[tuple[float, int, int, float]] = deque(maxlen=settings.hops_per_window)
-        """The last H/h hops' (demand, requests, long requests, long demand), newest last."""
-        self._reuse: dict[int, float] = {}
-        self.block_size = block_size
-        self._seen = _SeenHop()
-        self._seen_hops: deque[_SeenHop] = deque(maxlen=settings.hops_per_window)
-        """The open hop's and the last hops' requests, for the what-if check."""
-
-    def placed(self, request: Request, estimate_s: float, cached_tokens: int = 0) -> None:
-        """A request's first placement: its Ê counts in the open hop (``cached_tokens``:
-        the prefix it reuses there, for the what-if check)."""
-        self._demand += estimate_s
-        self._requests += 1
-        if request.length > self.settings.long_threshold:
-            self._long += 1
-            self._long_demand += estimate_s
-        self.seen(request, cached_tokens)
-
-    def seen(self, request: Request, cached_tokens: int) -> None:
-        """A request for the what-if check only (its demand counted by :meth:`add`)."""
-        self._seen.add(request, cached_tokens, self.block_size)
-
-    def _parts(self) -> list[_SeenHop]:
-        """The window's hops, oldest first."""
-        hops = self.settings.hops_per_window
-        parts = list(self._seen_hops)[-(hops - 1) :] if hops > 1 else []
-        parts.append(self._seen)
-        return parts
-
-    def hop_counts(self) -> list[tuple[int, int]]:
-        """Per hop of the window, oldest first: the short and the long requests seen."""
-        at = self.settings.long_threshold
-        out = []
-        for p in self._parts():
-            long = int(np.count_nonzero(np.frombuffer(p.lengths, dtype=np.int64) > at))
-            out.append((len(p.lengths) - long, long))
-        return out
-
-    def cut(self) -> None:
-        """Some of the open hop's requests will not be seen (a router replica listed
-        only so many): the what-if check skips every window that holds this hop, since
-        replaying part of a window's requests would underestimate its load."""
-        self._seen.whole = False
-
-    @property
-    def whole(self) -> bool:
-        """Every request of the window was seen (no hop of it was :meth:`cut`)."""
-        return all(p.whole for p in self._parts())
-
-    def columns(self) -> whatif.Columns:
-        """The window's requests column by column, for :meth:`RequestTable.of_columns
-        <vertumnus.core.whatif.RequestTable.of_columns>`."""
-        parts = self._parts()
-        offsets = np.cumsum([0] + [len(p.arrivals) for p in parts[:-1]]).tolist()
-
-        def cat(name: str, dtype: type) -> np.ndarray:
-            return np.concatenate([np.frombuffer(getattr(p, name), dtype=dtype) for p in parts])
-
-        return whatif.Columns(
-            arrivals=cat("arrivals", np.float64),
-            lengths=cat("lengths", np.int64),
-            cached=cat("cached", np.int64),
-            reused_keys=cat("reused_keys", np.uint64),
-            reuses=cat("reuses", np.int8).astype(bool),
-            key_index=[(o, p.keys) for o, p in zip(offsets, parts, strict=True)],
-        )
-
-    def add(self, demand_s: float, requests: int, long_requests: int, long_demand_s: float) -> None:
-        """Demand counted elsewhere (a router replica's report for the open hop)."""
-        self._demand += demand_s
-        self._requests += requests
-        self._long += long_requests
-        self._long_demand += long_demand_s
-
-    def reused(self, worker: int, blocks: float) -> None:
-        """``worker`` served ``blocks`` cached blocks to a request."""
-        self._reuse[worker] = self._reuse.get(worker, 0.0) + blocks
-
-    def reuse_weight(self, worker: int) -> float:
-        return self._reuse.get(worker, 0.0)
-
-    def forget(self, workers: Iterable[int]) -> None:
-        """Workers left the pool."""
-        for w in workers:
-            self._reuse.pop(w, None)
-
-    @property
-    def ready(self) -> bool:
-        """A whole window has been seen (the first ``hops_per_window − 1`` hops only fill it)."""
-        return len(self._buckets) >= self.settings.hops_per_window - 1
-
-    def observation(
-        self, workers: tuple[planner.WorkerObservation, ...], reconfiguring: bool
-    ) -> planner.WindowObservation:
-        """The window ending now: the closed buckets plus the open hop."""
-        hops = self.settings.hops_per_window
-        if hops == 1:
-            return planner.WindowObservation(
-                demand_s=self._demand,
-                requests=self._requests,
-                long_requests=self._long,
-                long_demand_s=self._long_demand,
-                workers=workers,
-                reconfiguring=reconfiguring,
-            )
-        newest = (self._demand, self._requests, self._long, self._long_demand)
-        parts = [*list(self._buckets)[-(hops - 1) :], newest]
-        return planner.WindowObservation(
-            demand_s=math.fsum(b[0] for b in parts),
-            requests=sum(b[1] for b in parts),
-            long_requests=sum(b[2] for b in parts),
-            long_demand_s=math.fsum(b[3] for b in parts),
-            workers=workers,
-            reconfiguring=reconfiguring,
-            fresh_demand_s=newest[0],
-            fresh_long_requests=newest[2],
-            fresh_long_demand_s=newest[3],
-        )
-
-    def close_hop(self) -> None:
-        """The open hop ends: it becomes the newest bucket; reuse weights decay
-        (halving per window)."""
-        self._buckets.append((self._demand, self._requests, self._long, self._long_demand))
-        self._demand, self._requests, self._long, self._long_demand = 0.0, 0, 0, 0.0
-        self._seen_hops.append(self._seen)
-        self._seen = _SeenHop()
-        decay = 0.5 ** (self.settings.hop / self.settings.window_s)
-        for w in self._reuse:
-            self._reuse[w] *= decay
 
 
 _DIRECTIONS = ("split", "merge")
@@ -1326,96 +1135,3 @@ class Controller:
         ops = tuple(replace(o, reason=reason) for o in ops)
         self.state = replace(st, pending=st.pending + ops)
         return ops
-
-
-def initial_composition(
-    requests: Sequence[Request],
-    block_size: int,
-    history_s: float | None,
-    lattice: Sequence[Composition],
-    capacity: planner.CapacityProfile,
-    model: PrefillModel,
-    settings: planner.PlannerSettings,
-    params: PlacementParams | None = None,
-) -> Composition:
-    """Where the pool starts, from the first ``history_s`` seconds of ``requests``
-    (all if None).
-
-    With ``settings.whatif``: the candidate of :func:`composition_estimates` with
-    the lowest estimated mean TTFT on the history (the first on ties). Otherwise
-    the rules' pick (:func:`vertumnus.core.planner.initial_composition`).
-    """
-    if not settings.whatif:
-        history = history_requests(requests, block_size, history_s)
-        return planner.initial_composition(
-            history, lattice, capacity, model, settings, params or PlacementParams()
-        )
-    ruled, estimates = composition_estimates(
-        requests, block_size, history_s, lattice, capacity, model, settings, params
-    )
-    if not estimates:
-        return ruled
-    return min(enumerate(estimates), key=lambda ie: (ie[1].mean_s, ie[0]))[1].composition
-
-
-def composition_estimates(
-    requests: Sequence[Request],
-    block_size: int,
-    history_s: float | None,
-    lattice: Sequence[Composition],
-    capacity: planner.CapacityProfile,
-    model: PrefillModel,
-    settings: planner.PlannerSettings,
-    params: PlacementParams | None = None,
-) -> tuple[Composition, list[whatif.Estimate]]:
-    """The rules' pick for the first ``history_s`` seconds of ``requests`` (all if
-    None), and the what-if estimate of each candidate on them (empty without a
-    history), in the candidates' order.
-
-    The candidates are the lattice; on lattices of more than 64 points, the rules'
-    pick and its neighbours. Reuse is as :func:`history_requests` estimates it.
-    """
-    params = params or PlacementParams()
-    history = history_requests(requests, block_size, history_s)
-    ruled = planner.initial_composition(history, lattice, capacity, model, settings, params)
-    if not history:
-        return ruled, []
-    candidates = list(lattice)
-    if len(candidates) > 64:
-        candidates = [ruled, *planner.neighbours(ruled, settings.degrees, settings.domain_size)]
-    degrees = sorted({d for c in candidates for d in c.degrees})
-    rows = [
-        (h.arrival_s, h.length, h.cached_tokens, r.block_keys)
-        for h, r in zip(history, requests, strict=False)
-    ]
-    table = whatif.RequestTable(rows, block_size, model, degrees)
-    return ruled, whatif.best_of(table, candidates, params)[1]
-
-
-def history_requests(
-    requests: Iterable[Request], block_size: int, history_s: float | None = None
-) -> list[planner.HistoryRequest]:
-    """The planner's view of the first ``history_s`` seconds of ``requests`` (all if None).
-
-    Cached tokens are estimated as an ideal global cache would see them
-    (blocks seen earlier in the history), i.e. the reuse placement can at
-    best achieve.
-    """
-    out: list[planner.HistoryRequest] = []
-    seen: set[int] = set()
-    t_end = math.inf
-    for r in requests:
-        if not out and history_s is not None:
-            t_end = r.arrival_s + history_s
-        if r.arrival_s >= t_end:
-            break
-        n = 0
-        for k in r.block_keys:
-            if k not in seen:
-                break
-            n += 1
-        seen.update(r.block_keys)
-        out.append(
-            planner.HistoryRequest(r.arrival_s, r.length, cached_tokens(n, r.length, block_size))
-        )
-    return out

@@ -92,7 +92,7 @@ class Estimate:
 
 @dataclass(frozen=True)
 class Columns:
-    """A window's requests column by column, as :class:`vertumnus.core.control.ControlWindows`
+    """A window's requests column by column, as :class:`vertumnus.core.windows.ControlWindows`
     keeps them (appended at each placement, so that building the table at the
     window's end is array work, not a Python pass over every request)."""
 
@@ -152,7 +152,7 @@ class RequestTable:
     reused (the key of its last cached block) and which of the reused
     prefixes it carries itself, by looking up the reused keys in an index of
     the requests' blocks: ``key_index`` (the shell's, kept at placement, see
-    :class:`vertumnus.core.control.ControlWindows`) or one built here. Rows are sorted by arrival (stable) and ``arrivals`` made
+    :class:`vertumnus.core.windows.ControlWindows`) or one built here. Rows are sorted by arrival (stable) and ``arrivals`` made
     relative to the first one. Requests too long for a degree (the model's
     memory limit) get Ê = inf there.
     """

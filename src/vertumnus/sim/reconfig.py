@@ -37,12 +37,13 @@ from typing import Any
 
 from vertumnus.core import planner, transition
 from vertumnus.core.blockcache import BlockCache, CacheDelta
-from vertumnus.core.control import Controller, initial_composition
+from vertumnus.core.control import Controller
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.decision import RouteDecision
 from vertumnus.core.metrics import Completion, SloRule
 from vertumnus.core.placement import PlacementParams
 from vertumnus.core.reconcile import Prefix, ReconcilePlan, plan_merge, plan_split
+from vertumnus.core.start import initial_composition
 from vertumnus.core.types import Composition, Request
 from vertumnus.sim.engine import PoolConfig, Simulation, SimWorker
 from vertumnus.sim.traces import Trace
