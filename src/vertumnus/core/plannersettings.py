@@ -251,11 +251,12 @@ class PlannerSettings:
     """The most request replays one look of the what-if check spends on its
     probes: the table's requests times the replays (each candidate's, with and
     without its transition, on the window and on the requests since a change).
-    The compiled replay takes ~0.1 µs per request on one core, so the default
-    keeps a look within ~35 ms of replays, and the decision within the 50 ms
-    target at 1,024 GPUs and 0.75 requests/s per GPU (the request tables it
-    does not bound grow with the window: 59 ms at twice that rate); past it
-    the shortest steps of each path are not probed
+    The compiled replay takes 0.1–0.13 µs per request on one core (more with
+    more degrees), so the default holds a look's replays near 35–40 ms at
+    1,024 GPUs and 0.75 requests/s per GPU: a whole look of 26 ms (CP4/CP8) to
+    60 ms (degrees 1–8, after a change of arrivals) on one core in
+    2026-12 (the request tables it does not bound grow with the window); past
+    it the shortest steps of each path are not probed
     (:meth:`vertumnus.core.control.Controller._affordable`). A 40-GPU
     pool's look needs a tenth of it (docs/benchmarks/adaptive.md, "A bound on a
     look's replays")."""
