@@ -18,7 +18,13 @@ what adaptive meets. If the simulator's pick held meets no more cells than
 the estimate's, a better estimate of the history cannot raise the start's
 count: the scored stretch ranks the compositions differently from its history.
 
+``--p90-weights`` also counts the cells met by starts that weigh the P90 in:
+per weight w, the estimate's and the simulator's pick by
+(1 − w)·mean/best mean + w·P90/best P90 on the history (w = 0: the shipped
+start), each held fixed.
+
     python bench/start_vs_history.py [--families mooncake,toolagent] [--json OUT]
+        [--p90-weights 0,0.25,0.5,0.75,1]
     python bench/start_vs_history.py --json docs/benchmarks/adaptive_start_vs_history.json
 
 ~2 min on 2 cores (45 cells × 6 fixed simulations of a 225 s history).
@@ -63,7 +69,8 @@ def cell(family: str, load: str, draw: int, stored: dict[str, Any]) -> dict[str,
     simulated = []
     for comp in lattice:
         done = Simulation(PoolConfig(comp, model, block_size=trace.block_size), CostModelPolicy())
-        simulated.append(summarize(done.run(history).completions).mean_ttft_s)
+        summary = summarize(done.run(history).completions)
+        simulated.append((summary.mean_ttft_s, summary.p90_ttft_s))
     runs = stored["runs"]
     fixed = {str(c): runs[f"vertumnus:{c}"] for c in lattice}
     best_mean = min(r["mean_ttft_s"] for r in fixed.values())
@@ -75,7 +82,7 @@ def cell(family: str, load: str, draw: int, stored: dict[str, Any]) -> dict[str,
     names = [str(c) for c in lattice]
     # Ties: the first, as the shipped start breaks them.
     by_estimate = names[min(range(len(names)), key=lambda i: (estimates[i].mean_s, i))]
-    by_simulator = names[min(range(len(names)), key=lambda i: (simulated[i], i))]
+    by_simulator = names[min(range(len(names)), key=lambda i: (simulated[i][0], i))]
     adaptive = runs["vertumnus-adaptive"]
     return {
         "family": family,
@@ -85,7 +92,33 @@ def cell(family: str, load: str, draw: int, stored: dict[str, Any]) -> dict[str,
         "simulator_on_history": {"pick": by_simulator, "held": held(by_simulator)},
         "best_scored_mean": min(fixed, key=lambda c: fixed[c]["mean_ttft_s"]),
         "adaptive": [adaptive["mean_ttft_s"] / best_mean, adaptive["p90_ttft_s"] / best_p90],
+        "lattice": {
+            name: {
+                "estimate": [e.mean_s, e.p90_s],
+                "simulator_on_history": list(sim),
+                "held": held(name),
+            }
+            for name, e, sim in zip(names, estimates, simulated, strict=True)
+        },
     }
+
+
+def weighed_pick(values: dict[str, list[float]], weight: float) -> str:
+    """The composition with the lowest (1 − weight)·mean/best mean + weight·P90/best P90
+    among ``values`` (name → [mean, P90]); ties: the first."""
+    best_mean = min(v[0] for v in values.values())
+    best_p90 = min(v[1] for v in values.values())
+    names = list(values)
+    return names[
+        min(
+            range(len(names)),
+            key=lambda i: (
+                (1.0 - weight) * values[names[i]][0] / best_mean
+                + weight * values[names[i]][1] / best_p90,
+                i,
+            ),
+        )
+    ]
 
 
 def _met(ratios: list[float]) -> bool:
@@ -97,7 +130,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", default=",".join(families.FAMILIES))
     ap.add_argument("--stored", default=str(STORED), help="the family file with --draws 0,1,2")
     ap.add_argument("--json", help="write the cells and the counts here")
+    ap.add_argument(
+        "--p90-weights",
+        default="",
+        help="also count the starts weighing the P90 in with these weights (e.g. 0,0.5,1)",
+    )
     args = ap.parse_args(argv)
+    try:
+        weights = [float(w) for w in args.p90_weights.split(",") if w.strip()]
+    except ValueError:
+        ap.error(f"--p90-weights wants numbers in [0, 1], got {args.p90_weights!r}")
+    if any(not 0.0 <= w <= 1.0 for w in weights):
+        ap.error(f"--p90-weights wants numbers in [0, 1], got {args.p90_weights!r}")
     chosen = [f for f in args.families.split(",") if f]
     unknown = sorted(set(chosen) - set(families.FAMILIES))
     if unknown:
@@ -126,6 +170,14 @@ def main(argv: list[str] | None = None) -> int:
         "simulator_pick_held_meets": sum(_met(c["simulator_on_history"]["held"]) for c in cells),
         "adaptive_meets": sum(_met(c["adaptive"]) for c in cells),
     }
+    for w in weights:
+        for source in ("estimate", "simulator_on_history"):
+            met = []
+            for c in cells:
+                lattice = c["lattice"]
+                pick = weighed_pick({n: v[source] for n, v in lattice.items()}, w)
+                met.append(_met(lattice[pick]["held"]))
+            counts[f"{source}_pick_p90_weight_{w:g}_held_meets"] = sum(met)
     print(json.dumps(counts))
     if args.json:
         out = {

@@ -18,9 +18,10 @@ all) and stretches arrivals by SCALE to keep the load comparable: the check of
 queueing and placement alone. ``--beta-busy`` sets β_busy on both sides.
 ``--windows SECONDS`` also replays the scored requests window by window, as the
 controller does (each window cold, with the cached tokens of the first
-composition), and prints each composition's gain over the first: the mean over
-the windows and their standard deviation, i.e. how noisy one window's
-estimate is. ``--decompose`` also splits each composition's TTFT per request into
+composition), and prints each composition's gain over the first, on the mean
+TTFT and on the P90: the mean over the windows and their standard deviation
+(how noisy one window's estimate is), next to the simulator's gain on the
+whole stretch. ``--decompose`` also splits each composition's TTFT per request into
 its wait and its prefill time, and counts the tokens reused, in the simulator and in
 the replay (window by window with ``--windows``): where the two part ways
 (docs/benchmarks/adaptive.md, "The estimate's bias on mooncake, again").
@@ -178,6 +179,8 @@ class Comparison(NamedTuple):
     served: list[dict[int, tuple[float, float, int]]]
     """Per composition, scored request id → its wait, its prefill time and the tokens it
     reused in the simulator (seconds, T_ext out)."""
+    sim_p90_s: list[float]
+    """Per composition, the simulator's P90 TTFT without T_ext."""
 
 
 def replay_rows(
@@ -205,12 +208,15 @@ def compare(
     model = load_model()
     cached: dict[int, int] = {}
     sim_s: list[float] = []
+    sim_p90_s: list[float] = []
     served: list[dict[int, tuple[float, float, int]]] = []
     for comp in comps:
         pool = PoolConfig(comp, model, block_size=block_size)
         run = Simulation(pool, CostModelPolicy(params)).run(requests)
         done = [c for c in run.completions if c.arrival_s >= skip_s]
-        sim_s.append(summarize(done).mean_ttft_s - pool.t_ext_s)
+        summary = summarize(done)
+        sim_s.append(summary.mean_ttft_s - pool.t_ext_s)
+        sim_p90_s.append(summary.p90_ttft_s - pool.t_ext_s)
         if not cached:
             cached = {c.request_id: c.cached_tokens for c in run.completions}
         each = {}
@@ -231,6 +237,7 @@ def compare(
         else [],
         cached,
         served,
+        sim_p90_s,
     )
 
 
@@ -257,16 +264,17 @@ def window_gains(
 ) -> np.ndarray:
     """Per window (:func:`windows`), each composition's estimated gain over the first,
     the window replayed on its own as the controller replays one: rows are windows,
-    columns compositions."""
+    columns compositions, and the last axis the gain of the mean TTFT and of the P90."""
     model = load_model()
     degrees = sorted({d for c in comps for d in c.degrees})
     gains = []
     for inside in windows(requests, skip_s, window_s):
         rows = replay_rows(inside, cached, -math.inf, math.inf)
         table = whatif.RequestTable(rows, block_size, model, degrees)
-        means = [whatif.estimate(table, c, params).mean_s for c in comps]
-        gains.append([1.0 - m / means[0] for m in means])
-    return np.array(gains).reshape(-1, len(comps))
+        found = [whatif.estimate(table, c, params) for c in comps]
+        first = found[0]
+        gains.append([[1.0 - e.mean_s / first.mean_s, 1.0 - e.p90_s / first.p90_s] for e in found])
+    return np.array(gains).reshape(-1, len(comps), 2)
 
 
 def decompose(
@@ -388,9 +396,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         for i, comp in enumerate(comps[1:], start=1) if len(gains) else ():
             sim_gain = 1.0 - got.sim_s[i] / got.sim_s[0]
+            sim_p90 = 1.0 - got.sim_p90_s[i] / got.sim_p90_s[0]
             print(
-                f"  {str(comp):<16} simulator, whole {sim_gain:+.1%}   windows: mean "
-                f"{gains[:, i].mean():+.1%}, sd {gains[:, i].std():.1%}"
+                f"  {str(comp):<16} mean TTFT: simulator, whole {sim_gain:+.1%}   windows: mean "
+                f"{gains[:, i, 0].mean():+.1%}, sd {gains[:, i, 0].std():.1%}\n"
+                f"  {'':<16} P90 TTFT:  simulator, whole {sim_p90:+.1%}   windows: mean "
+                f"{gains[:, i, 1].mean():+.1%}, sd {gains[:, i, 1].std():.1%}"
             )
     if args.decompose:
         how = f"windows of {args.windows:g} s" if args.windows else "the whole stretch"

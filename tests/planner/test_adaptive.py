@@ -83,6 +83,7 @@ def test_adaptive_pool_reconfigures_and_loses_nothing(model: PrefillModel) -> No
     assert controller.state.layout.composition == sim.composition
     # One decision time per evaluated window (its figures: bench/planner_speed.py).
     assert len(controller.decision_cost_s) == len(controller.windows) > 0
+    assert len(controller.decision_met_gc) == len(controller.decision_cost_s)
 
 
 def test_adaptive_pool_chains_a_transition_without_waiting_for_windows(

@@ -162,3 +162,14 @@ def test_fixed_runs_of_other_draws_or_copies_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         families.main(["--fixed-from", str(earlier), "--draws", "1", "--replicas", "3"])
     assert "no cell ('mooncake', 'light', 1)" in capsys.readouterr().err
+
+
+def test_decision_times_leave_out_the_ticks_that_met_a_full_garbage_collection():
+    f = bench_script("families.py")
+    got = f.decision_ms([0.001, 0.002, 0.250, 0.003], [False, False, True, False])
+    assert got["decision_ms_max"] == pytest.approx(3.0)
+    assert got["decision_ms_max_with_gc"] == pytest.approx(250.0)
+    assert got["decision_ticks_with_full_gc"] == 1
+    assert 2.0 < got["decision_ms_p99"] <= 3.0
+    empty = f.decision_ms([], [])
+    assert empty["decision_ms_max"] == empty["decision_ms_p99"] == 0.0

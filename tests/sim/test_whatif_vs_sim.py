@@ -24,7 +24,7 @@ def test_without_reuse_the_replay_is_the_simulator():
     assert len(keys) == len(set(keys))
     assert [q.arrival_s for q in requests] == [2.0 * q.arrival_s for q in trace.requests]
     comps = [Composition.parse("10xCP4"), Composition.parse("6xCP4+2xCP8")]
-    sim_s, replay_s, n, first_idle_s, _, _ = b.compare(
+    sim_s, replay_s, n, first_idle_s, _, _, _ = b.compare(
         requests, trace.block_size, comps, PlacementParams(), 20.0, first_idle=True
     )
     assert n == sum(q.arrival_s >= 20.0 for q in requests) > 100
@@ -85,7 +85,7 @@ def test_windows_are_replayed_one_by_one_as_the_controller_replays_them():
     assert set(got.cached) == {q.id for q in requests}
     gains = b.window_gains(requests, got.cached, trace.block_size, comps, params, 20.0, 25.0)
     # 20-45, 45-70, 70-95 s: the window 95-120 s would end past the last arrival.
-    assert gains.shape == (3, 2)
+    assert gains.shape == (3, 2, 2)
     assert (gains[:, 0] == 0.0).all()
     window = [
         (q.arrival_s, q.length, got.cached[q.id], q.block_keys)
@@ -93,8 +93,10 @@ def test_windows_are_replayed_one_by_one_as_the_controller_replays_them():
         if 45.0 <= q.arrival_s < 70.0
     ]
     table = whatif.RequestTable(window, trace.block_size, load_model(), (4, 8))
-    e = [whatif.estimate(table, c, params).mean_s for c in comps]
-    assert gains[1, 1] == pytest.approx(1.0 - e[1] / e[0], rel=1e-12)
+    e = [whatif.estimate(table, c, params) for c in comps]
+    assert gains[1, 1, 0] == pytest.approx(1.0 - e[1].mean_s / e[0].mean_s, rel=1e-12)
+    assert gains[1, 1, 1] == pytest.approx(1.0 - e[1].p90_s / e[0].p90_s, rel=1e-12)
+    assert gains[1, 1, 0] != gains[1, 1, 1]
 
 
 def test_bad_arguments_are_refused_by_name(capsys):
