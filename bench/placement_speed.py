@@ -239,9 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.inflight_per_worker * args.workers} in flight"
     )
 
-    # A router process builds its trie once and keeps it: move those objects
-    # out of the cyclic GC's generations, or every full collection walks the
-    # million trie nodes and shows up as multi-millisecond p99 spikes.
+    # The decisions' own cost: the trie's objects are moved out of the cyclic
+    # GC's generations, or a full collection (a walk of the three million
+    # objects of a million-block trie, ~0.4 s) lands in some decision's time.
+    # The shipped router does not freeze its index, so it does pause so, at
+    # times: bench/gc_pause.py measures how often and how long under churn.
     gc.collect()
     gc.freeze()
     time_decide(pool, warm[-1000:], warm, args.inflight_per_worker, time.perf_counter_ns)  # warm-up

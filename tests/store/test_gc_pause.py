@@ -1,0 +1,34 @@
+"""``bench/gc_pause.py``: what the cyclic collector walks in a process holding a prefix index."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from tests.conftest import bench_script
+
+
+def test_every_block_of_the_index_is_three_objects_the_collector_walks():
+    b = bench_script("gc_pause.py")
+    got = b.churn("default", 5_000, 20_000)
+    # The index keeps its size while it churns (a conversation in, the oldest out).
+    assert got["blocks"] == pytest.approx(5_000, rel=0.05)
+    assert got["stored_blocks"] == 20_000
+    # A TrieNode and its two sets per block: the walk a full collection makes grows
+    # with the index (the pauses the benchmark times).
+    assert got["tracked_objects"] >= 3 * got["blocks"]
+    assert got["full_collections"] >= 0 and got["total_ms"] >= got["longest_ms"] >= 0.0
+
+
+def test_freeze_is_undone_after_a_run():
+    b = bench_script("gc_pause.py")
+    b.churn("freeze", 2_000, 1_000)
+    assert gc.get_freeze_count() == 0
+
+
+def test_bad_sizes_are_refused_by_name(capsys):
+    b = bench_script("gc_pause.py")
+    with pytest.raises(SystemExit):
+        b.main(["--blocks", "10"])
+    assert "--blocks" in capsys.readouterr().err
