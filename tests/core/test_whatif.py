@@ -380,6 +380,11 @@ def test_the_windows_columns_give_the_table_of_their_rows(model):
             w.close_hop()
     cols = w.columns()
     assert [len(part) for _, part in cols.key_index] and len(cols.key_index) == 3
+    # A key one request of the hop carries is indexed by its position (an int, which
+    # the garbage collector does not walk); several carriers make a list.
+    values = [v for _, part in cols.key_index for v in part.values()]
+    assert any(isinstance(v, int) for v in values) and any(isinstance(v, list) for v in values)
+    assert all(isinstance(v, int) or len(v) >= 2 for v in values)
     assert cols.arrivals.tolist() == [r[0] for r in rows]
     assert cols.lengths.tolist() == [r[1] for r in rows]
     assert cols.cached.tolist() == [r[2] for r in rows]

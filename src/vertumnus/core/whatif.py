@@ -104,8 +104,9 @@ class Columns:
     """uint64: the key of each request's last cached block (where ``reuses``)."""
     reuses: np.ndarray
     """bool: the request reused a whole block."""
-    key_index: Sequence[tuple[int, Mapping[int, Sequence[int]]]]
-    """Parts (offset of the part's first request, block key → positions in the part)."""
+    key_index: Sequence[tuple[int, Mapping[int, int | Sequence[int]]]]
+    """Parts (offset of the part's first request, block key → its position in the part,
+    or its positions when several requests of the part carry it)."""
 
 
 def reused_key(keys: Sequence[int], cached_tokens: int, block_size: int) -> int | None:
@@ -116,7 +117,7 @@ def reused_key(keys: Sequence[int], cached_tokens: int, block_size: int) -> int 
 
 
 def _carriers(
-    ids: Mapping[int, int], key_index: Sequence[tuple[int, Mapping[int, Sequence[int]]]]
+    ids: Mapping[int, int], key_index: Sequence[tuple[int, Mapping[int, int | Sequence[int]]]]
 ) -> tuple[np.ndarray, np.ndarray]:
     """(rows, prefix ids) of the requests carrying each reused key, from the shell's key
     index: only the reused keys are looked up, not every block of the window (the
@@ -133,8 +134,10 @@ def _carriers(
             hits = [(i, at) for k, i in items if (at := get(k)) is not None]
         if not hits:
             continue
-        lengths = [len(at) for _, at in hits]
-        found = itertools.chain.from_iterable(at for _, at in hits)
+        # A key one request carries is indexed by its position alone (an int).
+        runs = [(at,) if isinstance(at, int) else at for _, at in hits]
+        lengths = [len(at) for at in runs]
+        found = itertools.chain.from_iterable(runs)
         rows.append(np.fromiter(found, dtype=np.int64, count=sum(lengths)) + offset)
         prefix = np.fromiter((i for i, _ in hits), dtype=np.int64, count=len(hits))
         carried.append(np.repeat(prefix, lengths))
@@ -168,7 +171,7 @@ class RequestTable:
         block_size: int,
         model: PrefillModel,
         degrees: Sequence[int],
-        key_index: Sequence[tuple[int, Mapping[int, Sequence[int]]]] | None = None,
+        key_index: Sequence[tuple[int, Mapping[int, int | Sequence[int]]]] | None = None,
     ) -> None:
         rows = list(requests)
         if key_index is None:

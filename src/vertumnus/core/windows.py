@@ -45,7 +45,11 @@ class _SeenHop:
     def __init__(self) -> None:
         self.whole = True
         """False: some of the hop's requests are missing (a report was cut)."""
-        self.keys: dict[int, list[int]] = {}
+        self.keys: dict[int, int | list[int]] = {}
+        """Block key → the position of the hop's request that carries it, or a list of
+        positions when several do. Most keys have one carrier; an int is not tracked by
+        the cyclic garbage collector, a list is, and at 1,024 GPUs a window's index
+        holds ~400,000 keys for a full collection to walk."""
         self.arrivals = array("d")
         self.lengths = array("q")
         self.cached = array("q")
@@ -59,7 +63,9 @@ class _SeenHop:
         for k in keys:
             found = index.get(k)
             if found is None:
-                index[k] = [pos]
+                index[k] = pos
+            elif isinstance(found, int):
+                index[k] = [found, pos]
             else:
                 found.append(pos)
         self.arrivals.append(request.arrival_s)
