@@ -1,9 +1,10 @@
 """Pauses of Python's cyclic garbage collector in a process that holds a large prefix index.
 
 The router keeps its view of the prefix cache in a :class:`~vertumnus.core.trie.PrefixTrie`
-(the mirror of the Redis index). Each cached block is a ``TrieNode`` with two sets, three
-objects the cyclic collector tracks, although the index holds no reference cycle (parents
-and children are named by key). A full collection walks every one of them, and the
+(the mirror of the Redis index). Each cached block is a ``TrieNode`` and its set of
+holders (its children a set only when it has two or more), two objects the cyclic
+collector tracks, although the index holds no reference cycle (parents and children are
+named by key). A full collection walks every one of them, and the
 interpreter runs one whenever the objects that survived into the oldest generation since
 the last one reach a quarter of it. Under the churn of cache events (blocks stored and
 evicted), a router with a large index therefore stops now and then for as long as one

@@ -240,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     # The decisions' own cost: the trie's objects are moved out of the cyclic
-    # GC's generations, or a full collection (a walk of the three million
-    # objects of a million-block trie, ~0.4 s) lands in some decision's time.
+    # GC's generations, or a full collection (a walk of the two million
+    # objects of a million-block trie, ~0.3 s) lands in some decision's time.
     # The shipped router does not freeze its index, so it does pause so, at
     # times: bench/gc_pause.py measures how often and how long under churn.
     gc.collect()

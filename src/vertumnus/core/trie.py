@@ -40,7 +40,12 @@ class TrieNode:
         """Blocks on the root→z path, z included (the prefix length in blocks)."""
         self.parent = parent
         """The parent's key; None for a first block or while not known."""
-        self.children: set[int] = set()
+        self.children: int | set[int] | None = None
+        """The children's keys: None for none, the key alone for one (most blocks: a
+        conversation's chain), a set from the second on. Why not always a set: a set
+        is one more object per block for the cyclic garbage collector to walk, and a
+        full collection walks every one (bench/gc_pause.py); read it through
+        :meth:`PrefixTrie.children`."""
         self.holders: set[int] = set()
         self.generation = generation
 
@@ -155,7 +160,7 @@ class PrefixTrie:
                             created.append(parent)
                         elif pnode.depth != position:
                             raise self._refusal(worker, key, position, parent)
-                        pnode.children.add(key)
+                        _adopt(pnode, key)
                 else:
                     if node.depth != position + 1 or (position == 0 and parent is not None):
                         raise self._refusal(worker, key, position, parent)
@@ -171,7 +176,7 @@ class PrefixTrie:
                         elif pnode.depth != position:
                             raise self._refusal(worker, key, position, parent)
                         node.parent = parent
-                        pnode.children.add(key)
+                        _adopt(pnode, key)
                         linked.append(node)
                 holders = node.holders
                 if worker not in holders:
@@ -193,13 +198,13 @@ class PrefixTrie:
         for node in linked:
             parent = nodes.get(cast(int, node.parent))
             if parent is not None:
-                parent.children.discard(node.key)
+                _disown(parent, node.key)
             node.parent = None
         for key in reversed(created):
             node = nodes.pop(key)
             parent = nodes.get(node.parent) if node.parent is not None else None
             if parent is not None:
-                parent.children.discard(key)
+                _disown(parent, key)
 
     def _refusal(self, worker: int, key: int, position: int, parent: int | None) -> StoreError:
         """The :class:`StoreError` that names what is wrong with one item."""
@@ -273,14 +278,14 @@ class PrefixTrie:
         )
         doomed: set[int] = set()
         for node in candidates:  # deepest first: children are decided before parents
-            if node.children <= doomed:
+            if _all_in(node, doomed):
                 doomed.add(node.key)
                 # A placeholder ancestor whose last child goes, goes too.
                 parent = nodes.get(node.parent) if node.parent is not None else None
                 while (
                     parent is not None
                     and not parent.holders
-                    and parent.children <= doomed
+                    and _all_in(parent, doomed)
                     and parent.key not in doomed
                 ):
                     doomed.add(parent.key)
@@ -292,7 +297,7 @@ class PrefixTrie:
         if node is None or worker not in node.holders:
             return False
         node.holders.discard(worker)
-        if not node.holders and not node.children:
+        if not node.holders and node.children is None:
             self._prune(node, gone)
         return True
 
@@ -309,12 +314,12 @@ class PrefixTrie:
 
     def _prune(self, node: TrieNode | None, gone: list[tuple[int, int]]) -> None:
         nodes = self._nodes
-        while node is not None and not node.holders and not node.children and node.key in nodes:
+        while node is not None and not node.holders and node.children is None and node.key in nodes:
             del nodes[node.key]
             gone.append((node.key, node.generation))
             parent = nodes.get(node.parent) if node.parent is not None else None
             if parent is not None:
-                parent.children.discard(node.key)
+                _disown(parent, node.key)
             node = parent
 
     def _record(
@@ -347,7 +352,10 @@ class PrefixTrie:
 
     def children(self, key: int) -> Set[int]:
         node = self._nodes.get(key)
-        return node.children if node is not None else _EMPTY
+        kids = None if node is None else node.children
+        if kids is None:
+            return _EMPTY
+        return frozenset((kids,)) if isinstance(kids, int) else kids
 
     def holders(self, key: int) -> Set[int]:
         node = self._nodes.get(key)
@@ -411,3 +419,35 @@ class PrefixTrie:
 
 def _is_node(node: TrieNode | None) -> bool:
     return node is not None
+
+
+def _adopt(node: TrieNode, key: int) -> None:
+    """``key`` is a child of ``node`` (see :attr:`TrieNode.children`)."""
+    kids = node.children
+    if kids is None:
+        node.children = key
+    elif isinstance(kids, int):
+        if kids != key:
+            node.children = {kids, key}
+    else:
+        kids.add(key)
+
+
+def _disown(node: TrieNode, key: int) -> None:
+    """``key`` is no longer a child of ``node``; no child left is None again."""
+    kids = node.children
+    if isinstance(kids, int):
+        if kids == key:
+            node.children = None
+    elif kids is not None:
+        kids.discard(key)
+        if not kids:
+            node.children = None
+
+
+def _all_in(node: TrieNode, keys: Set[int]) -> bool:
+    """Every child of ``node`` is in ``keys``."""
+    kids = node.children
+    if kids is None:
+        return True
+    return kids in keys if isinstance(kids, int) else kids <= keys
