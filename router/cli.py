@@ -196,6 +196,9 @@ def cmd_router(args: argparse.Namespace) -> int:
         return 2
     settings = config.settings
     configure_logging(args.log_format)
+    from vertumnus.gcfreeze import freeze_startup
+
+    freeze_startup()  # the imports' objects, out of every full collection's walk
     try:
         return asyncio.run(serve(settings, config.engines, store=store, router_id=args.router_id))
     except OSError as e:

@@ -419,6 +419,9 @@ def _serve(args: argparse.Namespace, slots: list[Slot], stop: threading.Event) -
                 "(workers are drained first)",
                 file=sys.stderr,
             )
+            from vertumnus.gcfreeze import freeze_startup
+
+            freeze_startup()  # torch's objects, out of every full collection's walk
             while not stop.wait(1.0):
                 pass
         print("vertumnus: stopping: draining workers", file=sys.stderr)

@@ -148,6 +148,11 @@ def rank_main(
         results.put(("error", f"rank {rank} failed to start: {exc!r}", [], traceback.format_exc()))
         return
     results.put(("ready", state.info(), [], ""))
+    from vertumnus.gcfreeze import freeze_startup
+
+    # torch's ~330,000 objects and the model's: a full collection walking them would
+    # land in some prefill's time (140 ms on this machine).
+    freeze_startup()
     while True:
         cmd = commands.get()
         if isinstance(cmd, Shutdown):
