@@ -411,6 +411,11 @@ def _serve(args: argparse.Namespace, slots: list[Slot], stop: threading.Event) -
         return 1
     with engine:
         if not stop.is_set():
+            from vertumnus.gcfreeze import freeze_startup
+
+            # torch's objects, out of every full collection's walk; before the first
+            # request, so that the freeze's own collection delays none.
+            freeze_startup()
             server.start(engine)
             for w in (engine.worker(s.worker) for s in engine.grouping()):
                 print(f"{w.describe()} at {server.endpoint(w.slot.offset)}", file=sys.stderr)
@@ -419,9 +424,6 @@ def _serve(args: argparse.Namespace, slots: list[Slot], stop: threading.Event) -
                 "(workers are drained first)",
                 file=sys.stderr,
             )
-            from vertumnus.gcfreeze import freeze_startup
-
-            freeze_startup()  # torch's objects, out of every full collection's walk
             while not stop.wait(1.0):
                 pass
         print("vertumnus: stopping: draining workers", file=sys.stderr)

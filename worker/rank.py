@@ -147,12 +147,13 @@ def rank_main(
     except Exception as exc:  # a rank that cannot start must say why
         results.put(("error", f"rank {rank} failed to start: {exc!r}", [], traceback.format_exc()))
         return
-    results.put(("ready", state.info(), [], ""))
     from vertumnus.gcfreeze import freeze_startup
 
     # torch's ~330,000 objects and the model's: a full collection walking them would
-    # land in some prefill's time (140 ms on this machine).
+    # land in some prefill's time (140 ms on this machine). Before "ready", so that
+    # the freeze's own collection delays no command.
     freeze_startup()
+    results.put(("ready", state.info(), [], ""))
     while True:
         cmd = commands.get()
         if isinstance(cmd, Shutdown):
