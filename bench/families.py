@@ -197,11 +197,11 @@ def replica(trace: Trace, r: int) -> Trace:
     return trace.with_requests(moved, name=f"{trace.name}~{r}")
 
 
-def decision_ms(cost_s: Sequence[float], met_gc: Sequence[bool]) -> dict[str, float | int]:
-    """The controller's CPU ms per tick: the largest and the p99 over the ticks that met
-    no full garbage collection of the simulating process (the controller's own cost),
-    how many did meet one, and the largest of all."""
-    own = [c for c, g in zip(cost_s, met_gc, strict=True) if not g]
+def decision_ms(cost_s: Sequence[float], own: Sequence[float]) -> dict[str, float | int]:
+    """The controller's CPU ms per tick: the largest and the p99 of ``own``, the ticks that
+    met no full garbage collection of the simulating process (the controller's own cost;
+    ``AdaptiveController.own_decision_cost_s``), how many of ``cost_s`` did meet one, and
+    the largest of all."""
     return {
         "decision_ms_max": 1e3 * max(own, default=0.0),
         "decision_ms_p99": 1e3 * float(np.percentile(own, 99)) if own else 0.0,
@@ -239,7 +239,7 @@ def run_replica(
         "reconfigurations": res.reconfigurations,
         "timeline": [{"t_s": t, "composition": c} for t, c in res.composition_timeline],
         "whatif_verdicts": whatif_verdicts(ctl.windows),
-        **decision_ms(ctl.decision_cost_s, ctl.decision_met_gc),
+        **decision_ms(ctl.decision_cost_s, ctl.own_decision_cost_s()),
         "wall_s": time.perf_counter() - t0,
     }
     lattice = planner.enumerate_lattice(GPUS, control.degrees, control.domain_size)

@@ -84,6 +84,9 @@ def test_adaptive_pool_reconfigures_and_loses_nothing(model: PrefillModel) -> No
     # One decision time per evaluated window (its figures: bench/planner_speed.py).
     assert len(controller.decision_cost_s) == len(controller.windows) > 0
     assert len(controller.decision_met_gc) == len(controller.decision_cost_s)
+    own = controller.own_decision_cost_s()
+    assert len(own) == controller.decision_met_gc.count(False)
+    assert set(own) <= set(controller.decision_cost_s)
 
 
 def test_adaptive_pool_chains_a_transition_without_waiting_for_windows(

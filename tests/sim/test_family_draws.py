@@ -166,7 +166,7 @@ def test_fixed_runs_of_other_draws_or_copies_are_refused(tmp_path, capsys):
 
 def test_decision_times_leave_out_the_ticks_that_met_a_full_garbage_collection():
     f = bench_script("families.py")
-    got = f.decision_ms([0.001, 0.002, 0.250, 0.003], [False, False, True, False])
+    got = f.decision_ms([0.001, 0.002, 0.250, 0.003], [0.001, 0.002, 0.003])
     assert got["decision_ms_max"] == pytest.approx(3.0)
     assert got["decision_ms_max_with_gc"] == pytest.approx(250.0)
     assert got["decision_ticks_with_full_gc"] == 1
