@@ -80,7 +80,8 @@ def churn(mode: str, blocks: int, stored: int, seed: int = 1) -> dict[str, Any]:
         wall = time.perf_counter() - t0
     finally:
         gc.callbacks.remove(timed)
-        gc.unfreeze()
+        if mode == "freeze":
+            gc.unfreeze()  # this mode froze; in default mode a caller's own freeze stays
     return {
         "mode": mode,
         "blocks": len(trie),
