@@ -1,5 +1,5 @@
 """Build hooks: compile proto/ into vertumnus._proto, and the placement hot
-path into the optional C extension vertumnus.core._placement.
+path, the what-if replay and the prefix index's node into optional C extensions.
 
 The generated modules are build outputs, never committed: ``build_py`` writes
 them into ``src/vertumnus/_proto/`` (gitignored) before setuptools collects
@@ -12,7 +12,9 @@ modules actually live in. After editing a .proto, re-run
 The C extensions are optional: where no C compiler is available the build
 goes on without them and placement and the what-if replay run their
 pure-Python twins (same results, slower; ``HOT_PATH`` in
-``vertumnus.core.placement`` and ``vertumnus.core.whatif`` says which one runs).
+``vertumnus.core.placement`` and ``vertumnus.core.whatif`` says which one runs),
+and the prefix index's nodes stay in the cyclic garbage collector's walks
+(``vertumnus.core._trienode``; ``UNTRACKED`` in ``vertumnus.core.trie``).
 """
 
 from __future__ import annotations
@@ -98,5 +100,6 @@ setup(
             extra_compile_args=_FP_STRICT,
             optional=True,
         ),
+        Extension("vertumnus.core._trienode", ["src/vertumnus/core/_trienode.c"], optional=True),
     ],
 )

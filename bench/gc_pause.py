@@ -1,14 +1,15 @@
 """Pauses of Python's cyclic garbage collector in a process that holds a large prefix index.
 
 The router keeps its view of the prefix cache in a :class:`~vertumnus.core.trie.PrefixTrie`
-(the mirror of the Redis index). Each cached block is a ``TrieNode`` and its set of
-holders (its children a set only when it has two or more), two objects the cyclic
-collector tracks, although the index holds no reference cycle (parents and children are
-named by key). A full collection walks every one of them, and the
-interpreter runs one whenever the objects that survived into the oldest generation since
-the last one reach a quarter of it. Under the churn of cache events (blocks stored and
-evicted), a router with a large index therefore stops now and then for as long as one
-walk of the whole index takes.
+(the mirror of the Redis index). A full collection of Python's cyclic collector walks
+every object the collector tracks, and the interpreter runs one whenever the objects that
+survived into the oldest generation since the last one reach a quarter of it. Built
+without its compiled node, the index is two such objects per cached block (a ``TrieNode``
+and its set of holders) plus one per logged change, although it holds no reference cycle;
+under the churn of cache events a router with a large index then stops now and then for as
+long as one walk of the whole index takes. With the compiled node
+(``vertumnus.core._trienode``, what ``pip install`` builds where there is a C compiler)
+none of them is tracked, and the churn adds no survivor.
 
 This command builds the index of ``bench/placement_speed.py`` (``--blocks`` blocks over
 64 workers), then churns it at a constant size: a new 54-block conversation prefix on one
@@ -22,15 +23,21 @@ total), by the wall clock:
   before timing decisions), which keeps the first index out of the walks until churn
   has replaced it.
 
-    python bench/gc_pause.py [--blocks 1000000] [--churn 1000000] [--mode default|freeze]
+With ``--node`` the index uses the compiled node, its pure-Python twin, or (the default)
+each in turn, side by side in one run.
 
-About 10 s per mode at the defaults on 2 cores.
+    python bench/gc_pause.py [--blocks 1000000] [--churn 1000000] [--mode default|freeze]
+        [--node compiled|python]
+
+About 10 s per mode and node at the defaults on 2 cores.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import itertools
 import random
 import sys
 import time
@@ -40,6 +47,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import placement_speed  # noqa: E402  (the index the placement benchmark builds)
+
+from vertumnus.core import trie  # noqa: E402
+from vertumnus.core.trienode import python_nodes  # noqa: E402
 
 
 def churn(mode: str, blocks: int, stored: int, seed: int = 1) -> dict[str, Any]:
@@ -100,13 +110,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--blocks", type=int, default=1_000_000, help="the index's size in blocks")
     ap.add_argument("--churn", type=int, default=1_000_000, help="blocks stored while churning")
     ap.add_argument("--mode", choices=("default", "freeze"), action="append")
+    ap.add_argument(
+        "--node",
+        choices=("compiled", "python"),
+        action="append",
+        help="the index's node: the compiled one (out of the collector), the pure-Python "
+        "twin (a build without a C compiler), or both side by side (the default)",
+    )
     args = ap.parse_args(argv)
     if args.blocks < 1000 or args.churn < 50:
         ap.error("--blocks must be >= 1000 and --churn >= 50")
-    for mode in args.mode or ["default", "freeze"]:
-        f = churn(mode, args.blocks, args.churn)
+    nodes = args.node or ["compiled", "python"]
+    if "compiled" in nodes and not trie.UNTRACKED:
+        ap.error("--node compiled: this build has no compiled node (no C compiler at install)")
+    for node, mode in itertools.product(nodes, args.mode or ["default", "freeze"]):
+        with python_nodes() if node == "python" else contextlib.nullcontext():
+            f = churn(mode, args.blocks, args.churn)
         print(
-            f"{f['mode']:8s} {f['blocks']:,} blocks, {f['tracked_objects']:,} tracked objects, "
+            f"{node:8s} {f['mode']:8s} {f['blocks']:,} blocks, {f['tracked_objects']:,} tracked objects, "
             f"forced full collection {f['forced_full_collection_ms']:.0f} ms; churn of "
             f"{f['stored_blocks']:,} blocks in {f['churn_s']:.1f} s: {f['full_collections']} "
             f"full collections, longest {f['longest_ms']:.0f} ms, total {f['total_ms']:.0f} ms"

@@ -239,11 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.inflight_per_worker * args.workers} in flight"
     )
 
-    # The decisions' own cost: the trie's objects are moved out of the cyclic
-    # GC's generations, or a full collection (a walk of the two million
-    # objects of a million-block trie, ~0.3 s) lands in some decision's time.
-    # The shipped router does not freeze its index, so it does pause so, at
-    # times: bench/gc_pause.py measures how often and how long under churn.
+    # The decisions' own cost: what the bench built is moved out of the cyclic
+    # GC's generations, so that no full collection lands in some decision's
+    # time. The index itself is outside them already (its compiled node, see
+    # vertumnus.core.trie.UNTRACKED); without that node a full collection walks
+    # two objects per block, ~0.3 s at a million (bench/gc_pause.py).
     gc.collect()
     gc.freeze()
     time_decide(pool, warm[-1000:], warm, args.inflight_per_worker, time.perf_counter_ns)  # warm-up

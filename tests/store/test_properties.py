@@ -21,6 +21,7 @@ from tests.store.reference import NaiveStore
 from vertumnus.core.keys import chain_block_hashes
 from vertumnus.core.store import StoreError
 from vertumnus.core.trie import PrefixTrie
+from vertumnus.core.trienode import python_nodes
 
 # A small universe of prefixes that share heads, so chains overlap.
 CHAINS = [
@@ -135,6 +136,14 @@ def apply_both(store, ref, o):
 @given(st.lists(op, max_size=40))
 def test_memory_store_matches_the_reference(ops):
     run(PrefixTrie(), ops)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(op, max_size=40))
+def test_memory_store_with_the_python_node_matches_the_reference(ops):
+    """The index as a build without a C compiler runs it (``vertumnus.core.trienode``)."""
+    with python_nodes():
+        run(PrefixTrie(), ops)
 
 
 # -- every other store: the same reference, and the memory store side by side ----------

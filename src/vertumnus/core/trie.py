@@ -10,6 +10,12 @@ take O(blocks in the request + holders on the path), never O(trie).
 Used by the simulator, the local pool and, as its own view, the router (which
 mirrors a Redis store into one of these). The contract it keeps is in
 :mod:`vertumnus.core.store`; ``tests/store/`` checks it.
+
+Its nodes and their sets are kept out of Python's cyclic garbage collector
+(:data:`UNTRACKED`): they can form no reference cycle, and a full collection
+that walked a million of them would stop the router for a quarter of a second
+(``bench/gc_pause.py``). The node is compiled (``_trienode.c``), with a
+pure-Python twin (:mod:`vertumnus.core.trienode`).
 """
 
 from __future__ import annotations
@@ -20,37 +26,30 @@ from typing import cast
 
 from vertumnus.core.store import BlockInfo, Change, StoredBlock, StoreError
 
-__all__ = ["PrefixTrie", "TrieNode"]
+__all__ = ["UNTRACKED", "PrefixTrie", "TrieNode"]
 
 _EMPTY: frozenset[int] = frozenset()
 
+# A node refers only to ints, None and sets of ints (parents and children are
+# named by key), and a logged Change only to ints and tuples of them, so no cycle
+# can pass through either and reference counting frees them at once: the cyclic
+# collector has nothing to find in the index, and walking it is pure cost. The
+# compiled node is a type the collector does not know, and the sets and changes
+# are untracked, so a full collection skips the index (_trienode.c). Keep it so:
+# neither may ever refer to an object that can refer back (a cycle through it
+# would leak).
+UNTRACKED: bool
+"""The index's nodes and sets are outside the collector (the compiled node was built)."""
+try:
+    from vertumnus.core._trienode import TrieNode
+    from vertumnus.core._trienode import untrack as _untrack
+except ImportError:  # built without a C compiler: the same index, walked by the collector
+    from vertumnus.core.trienode import TrieNode  # type: ignore[assignment]
+    from vertumnus.core.trienode import untrack as _untrack
 
-class TrieNode:
-    """One block of the index (a :class:`~vertumnus.core.store.BlockInfo`).
-
-    Read-only outside this module: the store changes it only through
-    :meth:`PrefixTrie.apply` and :meth:`PrefixTrie.drop_worker`.
-    """
-
-    __slots__ = ("key", "depth", "parent", "children", "holders", "generation")
-
-    def __init__(self, key: int, depth: int, parent: int | None, generation: int) -> None:
-        self.key = key
-        self.depth = depth
-        """Blocks on the root→z path, z included (the prefix length in blocks)."""
-        self.parent = parent
-        """The parent's key; None for a first block or while not known."""
-        self.children: int | set[int] | None = None
-        """The children's keys: None for none, the key alone for one (most blocks: a
-        conversation's chain), a set from the second on. Why not always a set: a set
-        is one more object per block for the cyclic garbage collector to walk, and a
-        full collection walks every one (bench/gc_pause.py); read it through
-        :meth:`PrefixTrie.children`."""
-        self.holders: set[int] = set()
-        self.generation = generation
-
-    def __repr__(self) -> str:
-        return f"TrieNode(depth={self.depth}, holders={sorted(self.holders)})"
+    UNTRACKED = False
+else:
+    UNTRACKED = True
 
 
 class PrefixTrie:
@@ -333,8 +332,12 @@ class PrefixTrie:
         if not (stored or removed or gone or dropped):
             return self.cursor
         log = self._log
+        # Ints and tuples of ints only, like a node: out of the collector's walks too
+        # (the log holds up to log_limit of them).
         log.append(
-            Change(self.cursor + 1, worker, tuple(stored), tuple(removed), tuple(gone), dropped)
+            _untrack(
+                Change(self.cursor + 1, worker, tuple(stored), tuple(removed), tuple(gone), dropped)
+            )
         )
         if len(log) > self._log_limit:
             cut = len(log) - self._log_limit
@@ -428,7 +431,7 @@ def _adopt(node: TrieNode, key: int) -> None:
         node.children = key
     elif isinstance(kids, int):
         if kids != key:
-            node.children = {kids, key}
+            node.children = _untrack({kids, key})
     else:
         kids.add(key)
 
