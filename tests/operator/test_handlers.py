@@ -80,3 +80,19 @@ def test_python_dash_m_runs():
         check=True,
     ).stdout
     assert "--standalone" in helped and "--priority" in helped
+
+
+def test_run_freezes_the_startup_heap_before_kopf_runs(monkeypatch):
+    """The operator's process freezes what it imported (vertumnus.gcfreeze) once it is
+    set up, before kopf runs its loop: a full collection would otherwise walk it in
+    some decision tick."""
+    import kopf
+
+    import vertumnus.gcfreeze
+
+    calls: list[str] = []
+    # Stand-ins: freezing here would freeze the test runner's own objects.
+    monkeypatch.setattr(vertumnus.gcfreeze, "freeze_startup", lambda: calls.append("freeze"))
+    monkeypatch.setattr(kopf, "run", lambda **_: calls.append("kopf.run"))
+    assert main(["run", "--standalone"]) == 0
+    assert calls == ["freeze", "kopf.run"]
