@@ -23,6 +23,7 @@ metric                                                 peers' counterpart
 ``vertumnus_reconfigurations_total{kind}``,            —
 ``vertumnus_reconfiguration_{drain,switch,total}_seconds``
 ``vertumnus_cache_events_{events,gaps,resyncs,drops}`` —
+``vertumnus_process_gc_pause_seconds{generation}``     —
 =====================================================  ==================================================
 """
 
@@ -37,6 +38,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from vertumnus.gcpauses import CollectorPauses
+
 if TYPE_CHECKING:
     from vertumnus.router.router import PrefillResult, Router
 
@@ -45,6 +48,7 @@ __all__ = ["RouterMetrics"]
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120)
 _FAST_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1)
 _RECONF_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+_GC_BUCKETS = (1e-4, 5e-4, 1e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 
 
 class RouterMetrics:
@@ -158,6 +162,16 @@ class RouterMetrics:
             ["degree"],
             registry=r,
         )
+        self._gc_pause = Histogram(
+            "vertumnus_process_gc_pause_seconds",
+            "Each collection of Python's cyclic garbage collector in this process, by "
+            "generation (2: a full one), while the router runs: every decision waits for it.",
+            ["generation"],
+            buckets=_GC_BUCKETS,
+            registry=r,
+        )
+        self.gc_pauses = CollectorPauses()
+        """Timed by the router from its start to its close; drained at each snapshot."""
         self._state = _StateCollector()
         r.register(self._state)
         self.placement_samples: deque[float] = deque(maxlen=100_000)
@@ -168,6 +182,8 @@ class RouterMetrics:
 
     def snapshot(self, router: Router) -> None:
         """Take the gauges' values from the router (on its event loop)."""
+        for generation, seconds in self.gc_pauses.drain():
+            self._gc_pause.labels(str(generation)).observe(seconds)
         core = router.core
         if core is None:
             return

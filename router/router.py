@@ -303,6 +303,8 @@ class Router:
             self._spawn(self._scan_loop(), "cache-manager")
         if self.settings.controller is not None:
             self._start_controller(self.settings.controller)
+        # Collections are timed from here on (vertumnus_process_gc_pause_seconds).
+        self.metrics.gc_pauses.start()
         self._spawn(self._metrics_loop(), "metrics")
         _log.info(
             "router %s serving %s (%d workers, epoch %d)",
@@ -328,6 +330,7 @@ class Router:
     async def close(self) -> None:
         """Stop accepting, fail what is still waiting, stop every task."""
         self._closing = True
+        self.metrics.gc_pauses.stop()
         for p in list(self._by_client.values()):
             if not p.future.done():
                 p.future.set_exception(

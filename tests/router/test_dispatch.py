@@ -245,3 +245,22 @@ async def test_the_window_report_lists_first_placements_up_to_its_limit() -> Non
 def test_report_requests_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="report_requests"):
         RouterSettings(report_requests=-1)
+
+
+@_sync
+async def test_the_collectors_pauses_are_exported_while_the_router_runs() -> None:
+    import gc
+
+    engine, running = await _pool()
+    try:
+        gc.collect()
+        running.router.metrics.snapshot(running.router)
+        reg = running.router.metrics.registry
+        full = reg.get_sample_value("vertumnus_process_gc_pause_seconds_count", {"generation": "2"})
+        assert full is not None and full >= 1.0
+    finally:
+        await running.stop(1.0)
+        await engine.server.stop(0)
+    # Closed: the router times no more collections.
+    gc.collect()
+    assert running.router.metrics.gc_pauses.drain() == []
