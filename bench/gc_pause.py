@@ -50,6 +50,7 @@ import placement_speed  # noqa: E402  (the index the placement benchmark builds)
 
 from vertumnus.core import trie  # noqa: E402
 from vertumnus.core.trienode import python_nodes  # noqa: E402
+from vertumnus.gcpauses import CollectorPauses  # noqa: E402
 
 
 def churn(mode: str, blocks: int, stored: int, seed: int = 1) -> dict[str, Any]:
@@ -63,20 +64,13 @@ def churn(mode: str, blocks: int, stored: int, seed: int = 1) -> dict[str, Any]:
     forced_ms = 1e3 * (time.perf_counter() - t0)
     if mode == "freeze":
         gc.freeze()
-    pauses: list[float] = []
-    began = [0.0]
-
-    def timed(phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            began[0] = time.perf_counter()
-        elif info["generation"] == 2:
-            pauses.append(time.perf_counter() - began[0])
-
+    # Every collection is kept (young ones run thousands of times in a long churn).
+    timed = CollectorPauses(keep=10_000_000)
     rng = random.Random(seed)
     fresh = iter(range(1 << 61, 1 << 62))
     live = list(prefixes)
     done = 0
-    gc.callbacks.append(timed)
+    timed.start()
     try:
         t0 = time.perf_counter()
         while done < stored:
@@ -89,9 +83,10 @@ def churn(mode: str, blocks: int, stored: int, seed: int = 1) -> dict[str, Any]:
             live.append(keys)
         wall = time.perf_counter() - t0
     finally:
-        gc.callbacks.remove(timed)
+        timed.stop()
         if mode == "freeze":
             gc.unfreeze()  # this mode froze; in default mode a caller's own freeze stays
+    pauses = [s for generation, s in timed.drain() if generation == 2]
     return {
         "mode": mode,
         "blocks": len(trie),
