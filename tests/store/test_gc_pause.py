@@ -101,6 +101,9 @@ def test_the_compiled_node_behaves_as_the_python_one():
         node.parent = None
         assert (node.children, node.parent) == (9, None)
         assert repr(node) == "TrieNode(depth=2, holders=[2, 5])"
+        del node.holders
+        with pytest.raises(AttributeError, match="holders"):
+            repr(node)
         with pytest.raises(AttributeError):
             node.other = 1  # type: ignore[attr-defined]
         with pytest.raises(TypeError):

@@ -89,7 +89,13 @@ node_dealloc(TrieNode *self)
 static PyObject *
 node_repr(TrieNode *self)
 {
-    PyObject *held = PySequence_List(self->holders ? self->holders : Py_None);
+    /* A deleted attribute reads as the Python twin's does: AttributeError. */
+    const char *gone = self->depth == NULL ? "depth" : self->holders == NULL ? "holders" : NULL;
+    if (gone != NULL) {
+        PyErr_Format(PyExc_AttributeError, "'TrieNode' object has no attribute '%s'", gone);
+        return NULL;
+    }
+    PyObject *held = PySequence_List(self->holders);
     if (held == NULL || PyList_Sort(held) < 0) {
         Py_XDECREF(held);
         return NULL;
