@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from vertumnus.core import planner
 from vertumnus.core import transition as tr
-from vertumnus.core.control import Memory
+from vertumnus.core.memory import Memory
 from vertumnus.operator import serialize
 
 __all__ = ["LostRecord", "MemoryStore", "Record", "RecordStore", "decode_record", "encode_record"]

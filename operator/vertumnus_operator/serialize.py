@@ -2,7 +2,7 @@
 
 The serving core keeps the pool's grouping and transitions (:class:`~vertumnus.core.
 transition.PoolState`), the planner's memory (:class:`~vertumnus.core.planner.
-ControllerState`) and the controller's own (:class:`~vertumnus.core.control.Memory`:
+ControllerState`) and the controller's own (:class:`~vertumnus.core.memory.Memory`:
 flaps, the what-if check's streaks, a move's goal, the learned κ) as frozen dataclasses
 with no I/O. The operator records them in the CPPool status before it acts on them,
 and reads them back after a restart, so that :func:`vertumnus.core.transition.resume`
@@ -22,9 +22,9 @@ from typing import Any
 
 from vertumnus.core import planner
 from vertumnus.core import transition as tr
-from vertumnus.core.control import Look, Memory
 from vertumnus.core.kappa import LearnedBins
 from vertumnus.core.lattice import Layout, Slot
+from vertumnus.core.memory import Look, Memory
 from vertumnus.core.types import Composition
 
 __all__ = [

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from vertumnus.core import planner, whatif
+from vertumnus.core import planner, probes, whatif
 from vertumnus.core.control import Controller
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.placement import PlacementParams
@@ -174,7 +174,7 @@ def test_a_move_by_persistence_needs_the_looks_between_to_agree(model):
     # and the streak says the window before paid too. What the looks of the last
     # persist_windows windows estimated (given as the controller's memory, one look
     # per window here) decides: on average they must not say the split loses.
-    from vertumnus.core.control import Memory
+    from vertumnus.core.memory import Memory
 
     huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
     layout = planner.layout_for(Composition.parse("CP8"), 8)
@@ -870,7 +870,7 @@ def test_a_restarted_controller_given_its_memory_stays_damped(model):
 
 
 def test_a_memory_that_cannot_be_refuses_to_restore():
-    from vertumnus.core.control import Memory
+    from vertumnus.core.memory import Memory
 
     with pytest.raises(ValueError, match="flaps must be ascending"):
         Memory(evaluations=5, flaps=(4, 2))
@@ -983,17 +983,15 @@ def test_small_gains_that_add_up_move_the_pool(model):
     assert [v for v, _ in moves(0.7, 1, "sss", p90=1.0)] == ["stay", "stay", "trigger"]
 
 
-def test_a_short_path_is_probed_at_every_step_up_to_four_probes(model):
+def test_a_short_path_is_probed_at_every_step_up_to_four_probes():
     # 40 GPUs of CP4/CP8: from 8xCP4+1xCP8 the merge path has 4 steps, each
     # probed (the low phase's 2xCP4+4xCP8 is the third); from 10xCP4 it has 5,
     # probed at steps 1, 2, 4 and 5.
     ps = settings()
-    ctl = Controller(planner.initial_state(planner.layout_for(Composition.parse("10xCP4"))),
-                     planner.CapacityProfile({4: 1.0, 8: 1.0}), ps, model)  # fmt: skip
 
     def probed(comp: str) -> list[str]:
         layout = planner.layout_for(Composition.parse(comp))
-        return [str(steps[-1].composition) for steps in ctl._probes(layout, (), "merge")]
+        return [str(steps[-1].composition) for steps in probes.along(layout, (), "merge", ps)]
 
     assert probed("8xCP4+1xCP8") == ["6xCP4+2xCP8", "4xCP4+3xCP8", "2xCP4+4xCP8", "5xCP8"]
     assert probed("10xCP4") == ["8xCP4+1xCP8", "6xCP4+2xCP8", "2xCP4+4xCP8", "5xCP8"]

@@ -102,8 +102,8 @@ def test_a_bad_record_names_the_field():
 
 
 def test_the_controllers_memory_round_trips_and_a_bad_one_names_the_field():
-    from vertumnus.core.control import Look, Memory
     from vertumnus.core.kappa import LearnedBins
+    from vertumnus.core.memory import Look, Memory
 
     memory = Memory(
         evaluations=40,

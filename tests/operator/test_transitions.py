@@ -235,7 +235,7 @@ def test_a_restarted_operators_controller_takes_its_memory_from_the_record():
     """PoolRuntime builds the controller from the record: the planner's state and the
     controller's memory as recorded; after a reshaping by hand, the planner starts over
     and the memory keeps only what happened (flaps, the last move)."""
-    from vertumnus.core.control import Memory
+    from vertumnus.core.memory import Memory
     from vertumnus.operator import crd
     from vertumnus.operator.pool import PoolRuntime
 

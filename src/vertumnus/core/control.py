@@ -23,7 +23,10 @@ steps and passes every decision through the what-if check
   :meth:`Controller.capacity_reported`), from which κ is corrected
   (:mod:`vertumnus.core.kappa`).
 
-Where the pool starts is :mod:`vertumnus.core.start`. The shell calls
+Which compositions a look estimates, and their replays within its budget,
+is :mod:`vertumnus.core.probes`; what it keeps between looks, as one record a
+restarted shell hands back, is :class:`vertumnus.core.memory.Memory`. Where
+the pool starts is :mod:`vertumnus.core.start`. The shell calls
 :meth:`Controller.tick` every ``settings.hop`` seconds of its own time and
 :meth:`Controller.committed` after each commit, and starts the operations
 they return (through :mod:`vertumnus.core.transition`). Pure: no clock (the
@@ -36,11 +39,11 @@ import contextlib
 import math
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from vertumnus.core import changepoint, kappa, planner, whatif
+from vertumnus.core import changepoint, kappa, planner, probes, whatif
 from vertumnus.core.costmodel import PrefillModel
+from vertumnus.core.memory import DIRECTIONS, Look, Memory
 from vertumnus.core.metrics import SloRule
 from vertumnus.core.placement import PlacementParams
 from vertumnus.core.types import Composition, Request
@@ -48,8 +51,6 @@ from vertumnus.core.windows import ControlWindows
 
 __all__ = [
     "Controller",
-    "Look",
-    "Memory",
     "Tick",
     "WhatIf",
 ]
@@ -69,99 +70,6 @@ class Tick:
     kappa: Mapping[int, float] | None = None
     """κ per degree the rules read this window (the learned one with
     ``learn_capacity``, else the shipped one)."""
-
-
-_DIRECTIONS = ("split", "merge")
-
-
-@dataclass(frozen=True)
-class Look:
-    """One look of the what-if check as :attr:`Memory.recall` keeps it."""
-
-    long_fraction: float
-    """Long requests per request of the window it looked at."""
-    merges: tuple[tuple[str, float], ...]
-    """(composition, estimated mean-TTFT gain over the current one) of each merge
-    candidate it estimated, by composition."""
-
-
-@dataclass(frozen=True)
-class Memory:
-    """What a :class:`Controller` remembers besides the planner's state
-    (:attr:`Controller.state`), so that a shell which restarts (an operator pod
-    rescheduled or upgraded) can give it back and the controller goes on as it was:
-    a pool that flaps stays damped, a move in flight keeps its goal, persistence and
-    small gains keep their count, the recall its looks, the online κ what it
-    learned. The window's requests are not in it: a restarted controller fills a
-    new window first.
-    Evaluations count the hops the controller evaluated, not the time it was down:
-    flaps age only while it runs."""
-
-    evaluations: int = 0
-    """Windows evaluated so far (boundaries and flap ages are counted in them)."""
-    flaps: tuple[int, ...] = ()
-    """Evaluations at which a move reversed the previous one within ``flap_s``, oldest first."""
-    last_move: tuple[str, int] | None = None
-    """Direction and evaluation of the last move the what-if check let start."""
-    streak: tuple[str, int] = ("", 0)
-    """Direction of the candidate that paid in the last disjoint windows, and for how many."""
-    lean: tuple[str, tuple[float, ...]] = ("", ())
-    """Direction of the small gains adding up, and each window's gain."""
-    looks: tuple[str, tuple[tuple[float, float], ...]] = ("", ())
-    """The composition the last looks were on, and each look's best estimated gain
-    toward a split and toward a merge (``PlannerSettings.whatif_agree``, and the
-    merges flap damping lets through, ``damp_flaps``)."""
-    recall: tuple[Look, ...] = ()
-    """The last looks on the composition ``looks`` names, each with its window's long
-    fraction and every merge candidate's estimated gain (``whatif_recall_s``)."""
-    goal: tuple[str, Composition] | None = None
-    """Direction and target of a move the what-if check started and has not finished."""
-    kappa: kappa.LearnedBins | None = None
-    """What the online κ learned (``PlannerSettings.learn_capacity``; None: off)."""
-
-    def __post_init__(self) -> None:
-        def direction(d: str, what: str, empty: bool) -> None:
-            if d not in _DIRECTIONS and not (empty and d == ""):
-                raise ValueError(f"memory {what}: direction must be split or merge, got {d!r}")
-
-        if self.evaluations < 0:
-            raise ValueError(f"memory evaluations must be >= 0, got {self.evaluations}")
-        flaps = list(self.flaps)
-        if flaps != sorted(flaps) or any(not 0 <= f <= self.evaluations for f in flaps):
-            raise ValueError(
-                f"memory flaps must be ascending evaluations in 0..{self.evaluations}, "
-                f"got {list(self.flaps)}"
-            )
-        if self.last_move is not None:
-            direction(self.last_move[0], "last_move", empty=False)
-            if not 0 <= self.last_move[1] <= self.evaluations:
-                raise ValueError(
-                    f"memory last_move: evaluation {self.last_move[1]} is not in "
-                    f"0..{self.evaluations}"
-                )
-        direction(self.streak[0], "streak", empty=True)
-        if self.streak[1] < 0:
-            raise ValueError(f"memory streak count must be >= 0, got {self.streak[1]}")
-        direction(self.lean[0], "lean", empty=True)
-        if any(len(look) != len(_DIRECTIONS) for look in self.looks[1]):
-            raise ValueError(
-                f"memory looks: each look is a (split, merge) pair of gains, got {self.looks[1]}"
-            )
-        if self.recall and not self.looks[0]:
-            raise ValueError("memory recall: its looks need the composition they were on (looks)")
-        for look in self.recall:
-            if not 0.0 <= look.long_fraction <= 1.0:
-                raise ValueError(
-                    f"memory recall: a long fraction must be in [0, 1], got {look.long_fraction}"
-                )
-        if self.goal is not None:
-            direction(self.goal[0], "goal", empty=False)
-
-    def without_plans(self) -> Memory:
-        """The facts only: what happened (evaluations, flaps, the last move, the learned
-        κ), not what was under way (streak, lean, looks, recall, goal) — for a controller
-        whose planner state was dropped because the pool was reshaped by hand."""
-        return replace(self, streak=("", 0), lean=("", ()), looks=("", ()), recall=(), goal=None)
 
 
 @dataclass(frozen=True)
@@ -217,67 +125,6 @@ def _nothing_started(state: planner.ControllerState) -> planner.ControllerState:
     return replace(state, split_streak=0, merge_streak=0, confirming=(), momentum=None)
 
 
-class _Replays:
-    """One window's what-if replays (:func:`whatif.estimate` on one table), each
-    started as soon as it is known. On ``threads`` > 1 they run on a pool: the
-    compiled replay runs without the GIL, so the replays overlap each other and
-    the Python work between them (walking the paths). The estimates are the
-    same either way."""
-
-    def __init__(
-        self,
-        table: whatif.RequestTable,
-        params: PlacementParams,
-        threads: int,
-        current: Composition,
-        change: changepoint.Change | None = None,
-        since_s: float | None = None,
-    ) -> None:
-        self.table = table
-        self._params = params
-        self.change = change
-        """The change of arrivals the table starts at (None: the table is the whole window)."""
-        self.since_s = since_s
-        """Seconds the table's requests span after that change."""
-        self._pool = ThreadPoolExecutor(threads, "whatif") if threads > 1 else None
-        self.current = self.start(current)
-        """The current composition's estimate, to be waited for."""
-
-    def _run(
-        self, comp: Composition, starts: Mapping[int, Sequence[float]] | None
-    ) -> whatif.Estimate:
-        return whatif.estimate(self.table, comp, self._params, starts)
-
-    def per_probe(self, horizon: int) -> int:
-        """Replays one probe costs on this table: the one with the transition, and
-        the steady one when the estimate weighs one in (a horizon, or the
-        requests since a change)."""
-        return 2 if horizon > 1 or self.since_s is not None else 1
-
-    @property
-    def threaded(self) -> bool:
-        """The replays run on a pool (started ones run while the caller goes on)."""
-        return self._pool is not None
-
-    def start(
-        self, comp: Composition, starts: Mapping[int, Sequence[float]] | None = None
-    ) -> Future[whatif.Estimate]:
-        """The estimate of ``comp`` (with a transition's ``starts``), to be waited for."""
-        if self._pool is None:
-            done: Future[whatif.Estimate] = Future()
-            done.set_result(self._run(comp, starts))
-            return done
-        return self._pool.submit(self._run, comp, starts)
-
-    def __enter__(self) -> _Replays:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
-            # What was started and not waited for is not needed (the check is over).
-            self._pool.shutdown(wait=True, cancel_futures=True)
-
-
 _Path = tuple[str, list[planner.PathStep], whatif.Estimate]
 """A candidate of the check: its direction, the steps to it and its estimate."""
 
@@ -297,13 +144,6 @@ detection and on which a merge looked 10–12 % better, move it the other way or
 1.6 at most (docs/benchmarks/adaptive.md, "The requests since a change decide")."""
 
 
-_Started = list[
-    tuple[list[planner.PathStep], Future[whatif.Estimate], Future[whatif.Estimate] | None]
-]
-"""Probes whose replays are started: the steps, the replay with the transition and
-the steady one (if the estimate weighs one in)."""
-
-
 def _direction(ops: Sequence[planner.Op]) -> str:
     """``split`` or ``merge``: the way the operations of one move go."""
     return "split" if isinstance(ops[0], planner.Split) else "merge"
@@ -313,7 +153,7 @@ def _direction(ops: Sequence[planner.Op]) -> str:
 class _Weighed:
     """The check's estimates on one set of replays (:meth:`Controller._weigh`)."""
 
-    replays: _Replays
+    replays: probes.Replays
     current: whatif.Estimate
     candidates: tuple[tuple[str, whatif.Estimate], ...]
     paths: Mapping[str, list[tuple[list[planner.PathStep], whatif.Estimate]]]
@@ -527,82 +367,9 @@ class Controller:
         self.windows.close_hop()
         return tick
 
-    def _probes(
-        self,
-        layout: planner.Layout,
-        workers: Sequence[planner.WorkerObservation],
-        direction: str,
-        target: Composition | None = None,
-    ) -> list[list[planner.PathStep]]:
-        """The steps to each composition the check estimates along the ``direction``
-        path from ``layout`` (after 1, 2, 4, ... operations, and the last), or to
-        ``target`` only."""
-        ps = self.settings
-        path = planner.free_path(
-            layout, (), direction, ps, workers, target=target, limit=ps.max_walk
-        )
-        if target is not None:
-            ks = [len(path)] if path and path[-1].composition == target else []
-        else:
-            # At most four probes per direction on a small pool: every step of a
-            # path of up to 4, steps 1, 2, 4 and 5 of a path of 5 (from the
-            # lattice's end); on a longer one (a large pool, where one operation
-            # moves little) steps 1, 4, 16, 64 and the end: a few replays per
-            # direction however long the path. Each probe more is one more
-            # chance for a noisy estimate to pay (docs/benchmarks/adaptive.md,
-            # "Every step of a short path").
-            n = len(path)
-            probes = (1, 2, 3) if n <= 4 else (1, 2, 4) if n <= 5 else (1, 4, 16, 64)
-            ks = sorted({k for k in probes if k < n} | {n}) if n else []
-        return [path[:k] for k in ks]
-
-    def _start(self, replays: _Replays, probes: list[list[planner.PathStep]]) -> _Started:
-        """Every replay of :meth:`_estimates` for ``probes``, started."""
-        ps = self.settings
-        steadily = replays.per_probe(ps.whatif_horizon) == 2
-        started: _Started = []
-        for steps in probes:
-            starts = whatif.transition_starts(
-                [(st.drain_s, st.made) for st in steps], ps.switch_s, ps.max_concurrent_ops
-            )
-            comp = steps[-1].composition
-            steady = replays.start(comp) if steadily else None
-            started.append((steps, replays.start(comp, starts), steady))
-        return started
-
-    def _estimates(
-        self,
-        replays: _Replays,
-        probes: list[list[planner.PathStep]],
-        started: _Started | None = None,
-    ) -> list[tuple[list[planner.PathStep], whatif.Estimate]]:
-        """Each probe's estimate: its replay with the transition (its drain and
-        switch) and, with a horizon, its replay from the window's start weighed in
-        (``whatif_horizon`` − 1) times: the transition is paid once, the composition
-        serves on after it. On the requests since a change, which span less than a
-        window, the replay with the transition weighs what they span of the
-        horizon's ``whatif_horizon`` windows. Every replay is started before any is
-        waited for (``started``: already, by :meth:`_start`)."""
-        ps = self.settings
-        h = ps.whatif_horizon
-        since = replays.since_s
-        out = []
-        for steps, made, steady in self._start(replays, probes) if started is None else started:
-            e = made.result()
-            if steady is not None:
-                s = steady.result()
-                if since is None:
-                    mean = (e.mean_s + (h - 1) * s.mean_s) / h
-                    p90 = (e.p90_s + (h - 1) * s.p90_s) / h
-                else:
-                    w = min(1.0, since / (h * ps.window_s))
-                    mean = w * e.mean_s + (1.0 - w) * s.mean_s
-                    p90 = w * e.p90_s + (1.0 - w) * s.p90_s
-                e = replace(e, mean_s=mean, p90_s=p90)
-            out.append((steps, e))
-        return out
-
-    def _replays(self, before: planner.ControllerState, reconfiguring: bool) -> _Replays | None:
+    def _replays(
+        self, before: planner.ControllerState, reconfiguring: bool
+    ) -> probes.Replays | None:
         """The what-if replays of this window, the current composition's started;
         None when the check does not look at this window (no model, switched off,
         a transition in flight, too few requests, or not all of them seen)."""
@@ -627,16 +394,18 @@ class Controller:
         table: whatif.RequestTable,
         before: planner.ControllerState,
         change: changepoint.Change | None = None,
-    ) -> _Replays:
+    ) -> probes.Replays:
         """Replays of ``table`` (the requests since ``change``, if given)."""
         # A small window's replays take well under a millisecond each: threads
         # would cost more than they save.
         ps = self.settings
         threads = ps.whatif_threads if table.n >= 2000 else 1
         since = None if change is None else change.hops * ps.hop
-        return _Replays(table, self.params, threads, before.layout.composition, change, since)
+        return probes.Replays(table, self.params, threads, before.layout.composition, change, since)
 
-    def _since_change(self, before: planner.ControllerState, window: _Replays) -> _Replays | None:
+    def _since_change(
+        self, before: planner.ControllerState, window: probes.Replays
+    ) -> probes.Replays | None:
         """Replays of the requests since a change of the window's arrivals
         (``settings.whatif_change``), if there is one with ``min_requests``
         requests on either side: the window's table cut at the change."""
@@ -653,46 +422,14 @@ class Controller:
             return None
         return self._replaying(window.table.since(first), before, change)
 
-    def _affordable(
-        self,
-        probes: dict[str, list[list[planner.PathStep]]],
-        replays: _Replays,
-        since: _Replays | None,
-    ) -> dict[str, list[list[planner.PathStep]]]:
-        """The probes this look can replay within ``PlannerSettings.whatif_rows``
-        request replays (the current composition's replays counted first),
-        handed out one per direction in turn, each direction keeping its longest
-        steps. At least one probe per direction stays; a rules' move that is not
-        probed is estimated on its own (one probe more).
-
-        Only a large pool's window reaches the bound (in the benchmarks, the
-        look after a change of arrivals at 1,024 GPUs). One operation there
-        moves a sliver of the pool, so its shortest steps are the ones that can
-        least pay the margin."""
-        ps = self.settings
-        tables = [r for r in (replays, since) if r is not None]
-        per_probe = sum(r.table.n * r.per_probe(ps.whatif_horizon) for r in tables)
-        spare = ps.whatif_rows - sum(r.table.n for r in tables)
-        if per_probe == 0 or sum(map(len, probes.values())) * per_probe <= spare:
-            return probes
-        left = max(0, spare // per_probe)
-        keep = {d: min(1, len(found)) for d, found in probes.items()}
-        left -= sum(keep.values())
-        while left > 0 and any(keep[d] < len(found) for d, found in probes.items()):
-            for d, found in probes.items():
-                if left > 0 and keep[d] < len(found):
-                    keep[d] += 1
-                    left -= 1
-        return {d: found[len(found) - keep[d] :] for d, found in probes.items()}
-
     def _check(
         self,
         before: planner.ControllerState,
         obs: planner.WindowObservation,
         ops: tuple[planner.Op, ...],
-        replays: _Replays,
+        replays: probes.Replays,
         boundary: bool = True,
-        since: _Replays | None = None,
+        since: probes.Replays | None = None,
     ) -> tuple[WhatIf, tuple[planner.Op, ...]]:
         """The what-if check of this window: the rules' ``ops`` kept or vetoed, or the
         check's own move (module docstring of :mod:`vertumnus.core.whatif`).
@@ -702,18 +439,20 @@ class Controller:
         them moves at once, and a move the whole window leads to (the rules' or
         the check's own) is made only if it pays on them too. Persistence is
         counted on whole disjoint windows only."""
+        ps = self.settings
         layout = before.layout
-        probes = {d: self._probes(layout, obs.workers, d) for d in _DIRECTIONS}
-        probes = self._affordable(probes, replays, since)
+        probed = probes.affordable(
+            {d: probes.along(layout, obs.workers, d, ps) for d in DIRECTIONS}, replays, since, ps
+        )
         recent, early = None, None
         if since is not None:
-            first = {d: self._start(since, found) for d, found in probes.items()}
+            first = {d: probes.start(since, found, ps) for d, found in probed.items()}
             if replays.threaded:
                 # On threads the whole window's replays queue behind those since the
                 # change: they run while those are weighed, and those left queued
                 # are dropped if a decisive gain there decides.
-                early = {d: self._start(replays, found) for d, found in probes.items()}
-            recent = self._weigh(since, probes, first)
+                early = {d: probes.start(replays, found, ps) for d, found in probed.items()}
+            recent = self._weigh(since, probed, first)
         if recent is not None and recent.decisive:
             moved = self._move(
                 before,
@@ -726,7 +465,7 @@ class Controller:
             )
             return recent.report(moved[0]), moved[1]
         goal = self._goal
-        check, out = self._check_window(before, obs, ops, replays, boundary, probes, early)
+        check, out = self._check_window(before, obs, ops, replays, boundary, probed, early)
         change = None if recent is None else recent.replays.change
         if not out:
             return replace(check, change=change), out
@@ -748,8 +487,8 @@ class Controller:
             return recent.report(WhatIf(recent.current, recent.candidates, None, "hold")), ()
         found = [e for _, e in recent.paths[direction] if e.composition == target]
         if not found:
-            probe = self._probes(layout, obs.workers, direction, target)
-            found = [e for _, e in self._estimates(recent.replays, probe)]
+            probe = probes.along(layout, obs.workers, direction, ps, target)
+            found = [e for _, e in probes.estimates(recent.replays, probe, ps)]
         if found and not self._pays(found[0], recent.current):
             # The whole window's move does not pay on the requests since the change.
             self._stand(before, goal)
@@ -844,15 +583,17 @@ class Controller:
 
     def _weigh(
         self,
-        replays: _Replays,
-        probes: Mapping[str, list[list[planner.PathStep]]],
-        started: Mapping[str, _Started] | None = None,
+        replays: probes.Replays,
+        probed: probes.Probes,
+        started: Mapping[str, probes.Started] | None = None,
     ) -> _Weighed:
-        """The estimates of ``probes`` on ``replays`` (``started``: their replays, by
+        """The estimates of ``probed`` on ``replays`` (``started``: their replays, by
         direction, if started already), and the best that pays."""
         paths = {
-            d: self._estimates(replays, found, None if started is None else started[d])
-            for d, found in probes.items()
+            d: probes.estimates(
+                replays, found, self.settings, None if started is None else started[d]
+            )
+            for d, found in probed.items()
         }
         current = replays.current.result()
         paying = [
@@ -875,15 +616,15 @@ class Controller:
         before: planner.ControllerState,
         obs: planner.WindowObservation,
         ops: tuple[planner.Op, ...],
-        replays: _Replays,
+        replays: probes.Replays,
         boundary: bool,
-        probes: Mapping[str, list[list[planner.PathStep]]],
-        started: Mapping[str, _Started] | None = None,
+        probed: probes.Probes,
+        started: Mapping[str, probes.Started] | None = None,
     ) -> tuple[WhatIf, tuple[planner.Op, ...]]:
         """The check on the whole window (:meth:`_check`)."""
         ps = self.settings
         layout = before.layout
-        weighed = self._weigh(replays, probes, started)
+        weighed = self._weigh(replays, probed, started)
         paths, current, candidates = weighed.paths, weighed.current, weighed.candidates
         best, decisive = weighed.best, weighed.decisive is not None
         self._look(paths, current, obs.long_fraction)
@@ -892,8 +633,8 @@ class Controller:
             target = self.state.target or self._after(layout, ops)
             found = [e for _, e in paths[direction] if e.composition == target]
             if not found:
-                probe = self._probes(layout, obs.workers, direction, target)
-                found = [e for _, e in self._estimates(replays, probe)]
+                probe = probes.along(layout, obs.workers, direction, ps, target)
+                found = [e for _, e in probes.estimates(replays, probe, ps)]
             proposed = found[0] if found else None
             self._streak = ("", 0)
             if proposed is not None and self._pays(proposed, current):
@@ -944,7 +685,7 @@ class Controller:
             return
         split, merge = (
             max((1.0 - e.mean_s / current.mean_s for _, e in paths[d]), default=0.0)
-            for d in _DIRECTIONS
+            for d in DIRECTIONS
         )
         on = str(current.composition)
         same = self._looks[0] == on
@@ -968,7 +709,7 @@ class Controller:
         looks = self._looks[1][-ps.persist_windows * ps.hops_per_window :]
         if not ps.whatif_agree or not looks:
             return True
-        i = _DIRECTIONS.index(direction)
+        i = DIRECTIONS.index(direction)
         return sum(look[i] for look in looks) / len(looks) >= 0.0
 
     def _outlasted(self) -> bool:
@@ -979,7 +720,7 @@ class Controller:
         ps = self.settings
         n = ps.whatif_horizon * ps.hops_per_window
         looks = self._looks[1][-n:]
-        i = _DIRECTIONS.index("merge")
+        i = DIRECTIONS.index("merge")
         return len(looks) == n and all(look[i] >= ps.whatif_margin for look in looks)
 
     def _leaning(
@@ -1044,7 +785,7 @@ class Controller:
         candidates: tuple[tuple[str, whatif.Estimate], ...],
         proposed: whatif.Estimate | None,
         verdict: str,
-        replays: _Replays,
+        replays: probes.Replays,
     ) -> tuple[WhatIf, tuple[planner.Op, ...]]:
         """Start the what-if check's own move toward ``chosen`` (direction, path, estimate)
         in place of whatever the rules decided."""

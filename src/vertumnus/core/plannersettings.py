@@ -257,7 +257,7 @@ class PlannerSettings:
     60 ms (degrees 1–8, after a change of arrivals) on one core in
     2026-12 (the request tables it does not bound grow with the window); past
     it the shortest steps of each path are not probed
-    (:meth:`vertumnus.core.control.Controller._affordable`). A 40-GPU
+    (:func:`vertumnus.core.probes.affordable`). A 40-GPU
     pool's look needs a tenth of it (docs/benchmarks/adaptive.md, "A bound on a
     look's replays")."""
     learn_capacity: bool = False
