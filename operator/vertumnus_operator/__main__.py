@@ -153,16 +153,8 @@ def _render(args: argparse.Namespace) -> int:
         )
         pool = tr.initial_pool(layout_for(spec.initial_composition(), spec.gpus_per_domain))
         gang = backend_for(spec.gang.backend, spec.gang.queue)
-        group = gang.group(
-            owner.name,
-            owner.namespace,
-            spec.domains,
-            spec.gpus,
-            res.GPU_RESOURCE,
-            owner.labels("gang"),
-        )
+        group = res.gang_group(spec, owner, gang)
         if group is not None:
-            group["metadata"]["ownerReferences"] = [owner.reference()]
             items.append(group)
         items += pool_objects(spec, owner, pool.layout, pool.epoch)
         if spec.redis.mode == "managed":

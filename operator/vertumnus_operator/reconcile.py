@@ -108,16 +108,8 @@ class Reconciler:
         gang = self.gang(spec)
         if not await self._gang_usable(gang, spec, layout, epoch, problems):
             return problems
-        group = gang.group(
-            owner.name,
-            owner.namespace,
-            spec.domains,
-            spec.gpus,
-            res.GPU_RESOURCE,
-            owner.labels("gang"),
-        )
+        group = res.gang_group(spec, owner, gang)
         if group is not None:
-            group["metadata"]["ownerReferences"] = [owner.reference()]
             try:
                 await self._apply(group)
             except KubeError as e:

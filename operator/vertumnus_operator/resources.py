@@ -54,6 +54,7 @@ __all__ = [
     "configmap",
     "domain_pod",
     "engines_service",
+    "gang_group",
     "format_grouping",
     "parse_grouping",
     "pod_name",
@@ -306,6 +307,17 @@ def domain_pod(
         **gang_annotations,
     }
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": body}
+
+
+def gang_group(spec: PoolSpec, owner: Owner, gang: GangBackend) -> dict[str, Any] | None:
+    """The pool's gang group object (one member per NVLink domain), owned by the CPPool;
+    None for a backend without one."""
+    group = gang.group(
+        owner.name, owner.namespace, spec.domains, spec.gpus, GPU_RESOURCE, owner.labels("gang")
+    )
+    if group is not None:
+        group["metadata"]["ownerReferences"] = [owner.reference()]
+    return group
 
 
 def engines_service(owner: Owner, spec: PoolSpec) -> dict[str, Any]:
