@@ -45,7 +45,7 @@ from vertumnus.core.lattice import Slot
 from .blocks import Block, block_owner
 from .copies import plan_copy
 from .dispatch import PrefillOutcome, WorkerRunner
-from .errors import InvalidRequest, NotReady
+from .errors import InvalidRequest, NotReady, check_tokens
 from .events import EventLog, EventStream, served_by
 from .kv_cache import CacheEvent
 from .lattice import engine_grouping
@@ -271,17 +271,7 @@ class Engine(WorkerTable[WorkerRunner]):
         return_hidden: bool = False,
     ) -> Future[PrefillOutcome]:
         tokens = tuple(int(t) for t in tokens)
-        if not tokens:
-            raise InvalidRequest(f"request {request_id!r}: token_ids is empty")
-        if len(tokens) > self.max_tokens:
-            raise InvalidRequest(
-                f"request {request_id!r}: {len(tokens)} tokens exceed the engine maximum of {self.max_tokens}"
-            )
-        bad = next((t for t in tokens if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise InvalidRequest(
-                f"request {request_id!r}: token id {bad} outside the vocabulary [0, {self.vocab_size})"
-            )
+        check_tokens(request_id, tokens, self.max_tokens, self.vocab_size)
         opts = {"use_cache": use_cache, "return_hidden": return_hidden}
         return self.worker(worker).submit(StepRequest(request_id, tokens), opts)
 

@@ -76,7 +76,7 @@ from ..engine import (
     _incarnation,
     regroup_plan,
 )
-from ..errors import InvalidRequest, NotReady
+from ..errors import NotReady, check_tokens
 from ..events import EventLog
 from ..lattice import engine_grouping
 from .command import SGLANG_VERSION, SglangOptions, server_command
@@ -218,18 +218,8 @@ class SglangEngine(WorkerTable[SglangWorker]):
 
     def prefill(self, worker: int, request_id: str, tokens: Sequence[int]) -> PrefillOutcome:
         ids = [int(t) for t in tokens]
-        # The torch engine's checks and messages (Engine.submit), before the server sees it.
-        if not ids:
-            raise InvalidRequest(f"request {request_id!r}: token_ids is empty")
-        if len(ids) > self.max_tokens:
-            raise InvalidRequest(
-                f"request {request_id!r}: {len(ids)} tokens exceed the engine maximum of {self.max_tokens}"
-            )
-        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise InvalidRequest(
-                f"request {request_id!r}: token id {bad} outside the vocabulary [0, {self.vocab_size})"
-            )
+        # The torch engine's checks and messages, before the server sees it.
+        check_tokens(request_id, ids, self.max_tokens, self.vocab_size)
         return self.worker(worker).prefill(request_id, ids)
 
     # -- blocks --------------------------------------------------------------------------
