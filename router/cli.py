@@ -20,6 +20,8 @@ import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from vertumnus.flags import add_placement_flags, placement_from
+
 if TYPE_CHECKING:
     from vertumnus.router.config import RouterConfig
 
@@ -71,16 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="prefill-time profile placement predicts with: bundled name or .json path (default cpu-tiny)",
     )
-    p.add_argument(
-        "--beta", type=float, default=None, help="placement beta when no worker has a queue (>= 1)"
-    )
-    p.add_argument(
-        "--beta-busy",
-        type=float,
-        default=None,
-        help="placement beta when every worker has a queue (>= beta; = beta for a fixed beta)",
-    )
-    p.add_argument("--lambda", dest="lam", type=float, default=None, help="placement lambda (>= 0)")
+    add_placement_flags(p)
     p.add_argument(
         "--redis-url",
         default=None,
@@ -148,17 +141,13 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
         )
         if value is not None
     }
-    placement = {
-        name: value
-        for name, value in (("beta", args.beta), ("beta_busy", args.beta_busy), ("lam", args.lam))
-        if value is not None
-    }
-    if placement:
-        try:
-            changes["placement"] = replace(s.placement, **placement)
-        except ValueError as e:
-            over = f" over {args.config}'s placement" if args.config else ""
-            raise ValueError(f"--beta/--beta-busy/--lambda{over}: {e}") from None
+    try:
+        placement = placement_from(args, s.placement)
+    except ValueError as e:
+        over = f" over {args.config}'s placement" if args.config else ""
+        raise ValueError(f"--beta/--beta-busy/--lambda{over}: {e}") from None
+    if placement is not s.placement:
+        changes["placement"] = placement
     if args.no_cache_manager:
         changes["cache_manager"] = None
     if args.no_share_load:

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vertumnus.flags import add_placement_flags, placement_from
+
 if TYPE_CHECKING:
     from vertumnus.sim.traces import Trace
 
@@ -199,16 +201,7 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
         default=0.05,
         help="T_ext seconds added to every TTFT (KV transfer + first token; default 0.05)",
     )
-    p.add_argument(
-        "--beta", type=float, default=None, help="placement beta when no worker has a queue (>= 1)"
-    )
-    p.add_argument(
-        "--beta-busy",
-        type=float,
-        default=None,
-        help="placement beta when every worker has a queue (>= beta; = beta for a fixed beta)",
-    )
-    p.add_argument("--lambda", dest="lam", type=float, default=None, help="placement lambda (>= 0)")
+    add_placement_flags(p)
     p.add_argument(
         "--planner",
         default=None,
@@ -258,12 +251,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
         if importlib.util.find_spec("matplotlib") is None:
             raise UsageError("--plot needs matplotlib: pip install 'vertumnus[plot]'")
-    placement = PlacementParams()
-    placement = PlacementParams(
-        beta=placement.beta if args.beta is None else args.beta,
-        lam=placement.lam if args.lam is None else args.lam,
-        beta_busy=placement.beta_busy if args.beta_busy is None else args.beta_busy,
-    )
+    placement = placement_from(args, PlacementParams())
     trace = load_user_trace(args.trace, args.seed, args.prefixes, args.block_size)
     if args.requests is not None:
         trace = Trace(trace.name, trace.requests[: args.requests], trace.block_size)
