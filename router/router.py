@@ -1057,8 +1057,15 @@ class Router:
             raise RouterError(grpc.StatusCode.NOT_FOUND, f"worker {worker} is not in the pool")
         stub = self.endpoints.stub(w.address.address)
         if resume:
+            # The engine first: until it admits again (an engine still starting, after
+            # its pod was replaced), the worker stays drained and requests wait for it.
+            try:
+                await stub.Drain(worker_pb2.DrainRequest(resume=True), timeout=10.0)
+            except grpc.aio.AioRpcError as e:
+                raise RouterError(
+                    grpc.StatusCode.UNAVAILABLE, f"worker {worker} did not resume: {e.details()}"
+                ) from None
             w.draining = False
-            await stub.Drain(worker_pb2.DrainRequest(resume=True), timeout=10.0)
             self.core.set_available([worker], not w.unreachable)
             self._release_held()
             if not w.unreachable:

@@ -37,11 +37,18 @@ class Scripted:
         self.at_once = 0
         self.most_at_once = 0
         self.order: list[str] = []
+        self.refuse_resume = False
+        """Drain(resume) fails UNAVAILABLE (an engine still starting)."""
 
     async def start(self) -> str:
         outer = self
 
         class Servicer(_instant()._Servicer):  # type: ignore[misc,name-defined]
+            async def Drain(self, request, context):  # type: ignore[no-untyped-def]
+                if request.resume and outer.refuse_resume:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "starting")
+                return await super().Drain(request, context)
+
             async def Prefill(self, request, context):  # type: ignore[no-untyped-def]
                 outer.at_once += 1
                 outer.most_at_once = max(outer.most_at_once, outer.at_once)
@@ -264,3 +271,36 @@ async def test_the_collectors_pauses_are_exported_while_the_router_runs() -> Non
     # Closed: the router times no more collections.
     gc.collect()
     assert running.router.metrics.gc_pauses.drain() == []
+
+
+@_sync
+async def test_a_resume_the_engine_refuses_keeps_the_worker_drained_and_loses_nothing() -> None:
+    # A rolling update resumes a worker whose engine may still be starting: until the
+    # engine admits again, requests wait for it (they do not fail as unplaceable).
+    engine, running = await _pool()
+    try:
+        async with grpc.aio.insecure_channel(running.address) as ch:
+            admin = pool_pb2_grpc.AdminStub(ch)
+            stub = pool_pb2_grpc.PrefillStub(ch)
+            drained = await admin.Drain(pool_pb2.DrainRequest(worker=0), timeout=10)
+            assert drained.drained
+            waiting = asyncio.ensure_future(_send(stub, "held", 40))
+            await asyncio.sleep(0.2)
+            assert not waiting.done()
+            engine.refuse_resume = True
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await admin.Drain(pool_pb2.DrainRequest(worker=0, resume=True), timeout=10)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "did not resume" in (err.value.details() or "")
+            pool = await admin.GetPool(pool_pb2.GetPoolRequest(), timeout=10)
+            assert pool.workers[0].state == pool_pb2.WorkerStatus.DRAINING
+            await asyncio.sleep(0.2)
+            assert not waiting.done()  # still held, not failed
+            engine.refuse_resume = False
+            await admin.Drain(pool_pb2.DrainRequest(worker=0, resume=True), timeout=10)
+            reply = await waiting
+            assert reply.request_id == "held"
+        _core_is_clean(running)
+    finally:
+        await running.stop(1.0)
+        await engine.server.stop(0)
