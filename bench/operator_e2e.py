@@ -14,7 +14,10 @@ fake nodes of 8 GPUs, and measures:
    operator's own record (``status.lastTransition``: drain, switch = all drained →
    commit recorded) and from outside: the time from the stand-in router answering the
    last Drain to a client seeing the commit in the status (target ≤ 5 s excluding the
-   drain), and from the spec patch to the commit.
+   drain), and from the spec patch to the commit;
+3. **a rolling update**: a new engine image on that pool, from the patch to all 8 domain
+   pods replaced and the pool Ready, and per domain from its first drain to its workers
+   resumed (each drain held ``--drain`` seconds).
 
 Needs the binaries of ``bash e2e/k8s/build.sh`` and the ``operator`` extra. Writes JSON
 (``--out``, default ``bench-out/operator_e2e.json``). Run::
@@ -66,6 +69,53 @@ def _summary(xs: list[float]) -> dict[str, float]:
 
 def _poll(what: str, timeout: float, probe: Any) -> Any:
     return ops.wait_for(what, timeout, probe, interval=0.02)
+
+
+def _roll(cluster: Any, router: Any, name: str, drain_s: float) -> dict[str, Any]:
+    """A new engine image on the pool: from the patch to every domain pod replaced and
+    the pool Ready again, and per domain from its first drain to its workers resumed."""
+    drains_before, resumes_before = len(router.drains), len(router.resumes)
+    image = "ghcr.io/vertumnus/vertumnus:0.1.1"
+    began = time.monotonic()
+    wall_began = time.time()
+    cluster.kubectl(
+        "patch",
+        "cppool",
+        name,
+        "-n",
+        "bench",
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"engine": {"image": image}}}),
+    )
+
+    def rolled() -> bool:
+        pods = ops.engine_pods(cluster, "bench", name)
+        images = {c["image"] for p in pods for c in p["spec"]["containers"]}
+        st = ops.pool_status(cluster, "bench", name)
+        return images == {image} and len(pods) == 8 and st.get("phase") == "Ready"
+
+    _poll("the rolling update", 300, rolled)
+    total = time.monotonic() - began
+    st = ops.pool_status(cluster, "bench", name)
+    domain_of = {w["id"]: w["domain"] for w in st["workers"]}
+    per_domain = []
+    for d in sorted(set(domain_of.values())):
+        first = min(t for w, t in router.drains[drains_before:] if domain_of.get(w) == d)
+        resumed = max(t for w, t in router.resumes[resumes_before:] if domain_of.get(w) == d)
+        per_domain.append(resumed - first)
+    print(
+        f"rolling update of 8 domain pods: {total:.2f} s; per domain, first drain to resumed: "
+        f"median {statistics.median(per_domain):.2f} s (each drain held {drain_s} s)",
+        flush=True,
+    )
+    return {
+        "domain_pods": 8,
+        "drain_held_s": drain_s,
+        "patch_to_ready_s": total,
+        "patch_to_first_drain_s": min(t for _, t in router.drains[drains_before:]) - wall_began,
+        "per_domain_drain_to_resumed_s": {**_summary(per_domain), "values": per_domain},
+    }
 
 
 def main() -> int:
@@ -201,6 +251,7 @@ def main() -> int:
                     "rows": rows,
                 }
                 result["router_switches_applied"] = len(router.applied)
+                result["rolling_update"] = _roll(cluster, router, name, args.drain)
         finally:
             cluster.stop()
     out = Path(args.out)

@@ -198,6 +198,11 @@ def test_the_service_account_has_only_what_it_needs(k8s, chart):
         ),
         ({"gpus": 16, "redis": {"mode": "external"}}, "spec.redis.url", "needs url"),
         (
+            {"gpus": 16, "updateStrategy": {"type": "Recreate"}},
+            "spec.updateStrategy.type",
+            'supported values: "RollingUpdate", "OnDelete"',
+        ),
+        (
             {"gpus": 16, "placement": {"beta": 2.0, "betaBusy": 1.5}},
             "spec.placement.betaBusy",
             ">= beta",
@@ -631,6 +636,114 @@ def test_a_lost_domain_pod_is_recreated_with_the_grouping_in_force(
                 == victim["metadata"]["annotations"][ann]
             )
             k8s.kubectl("delete", "cppool", "lossy", "-n", namespace, "--timeout=30s")
+
+
+def test_a_new_engine_image_rolls_the_domain_pods_one_at_a_time(
+    k8s, operator, namespace, fake_router
+):
+    with gpu_nodes(k8s, 2) as label:
+        ops.apply(
+            k8s,
+            cppool(
+                "rolling",
+                namespace,
+                16,
+                label,
+                composition=[{"count": 2, "degree": 4}, {"count": 1, "degree": 8}],
+            ),
+        )
+        st = wait_for("Ready", 30, _ready(k8s, namespace, "rolling"))
+        workers = {d: sorted(w["id"] for w in st["workers"] if w["domain"] == d) for d in (0, 1)}
+        before = {p["metadata"]["name"]: p for p in engine_pods(k8s, namespace, "rolling")}
+        _annotate_router(k8s, namespace, "rolling", fake_router)
+        fake_router.hold_drains()  # the first domain's drain cannot finish yet
+        image = "ghcr.io/vertumnus/vertumnus:0.1.1"
+        k8s.kubectl(
+            "patch",
+            "cppool",
+            "rolling",
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": {"engine": {"image": image}}}),
+        )
+
+        def updating():
+            st = pool_status(k8s, namespace, "rolling")
+            return st if st.get("phase") == "Updating" and fake_router.drains else None
+
+        st = wait_for("Updating, draining", 20, updating)
+        assert condition(st, "Progressing")["reason"] == "RollingUpdate"
+        assert condition(st, "Degraded")["status"] == "False"
+        # Drained first: while the drain is held, the pod is not touched.
+        time.sleep(1.0)
+        assert _uids(k8s, namespace, "rolling") == [p["metadata"]["uid"] for p in before.values()]
+        assert {w for w, _ in fake_router.drains} <= set(workers[0])
+        fake_router.release_drains()
+
+        def rolled():
+            pods = engine_pods(k8s, namespace, "rolling")
+            images = {c["image"] for p in pods for c in p["spec"]["containers"]}
+            return _ready(k8s, namespace, "rolling")() if images == {image} else None
+
+        st = wait_for("both pods rolled", 60, rolled)
+        after = {p["metadata"]["name"]: p for p in engine_pods(k8s, namespace, "rolling")}
+        ann = "vertumnus.io/grouping"
+        for name, pod in after.items():
+            assert pod["metadata"]["uid"] != before[name]["metadata"]["uid"], name
+            assert (
+                pod["metadata"]["annotations"][ann] == before[name]["metadata"]["annotations"][ann]
+            )
+        # One domain at a time: the first domain's workers were drained, then resumed,
+        # before any worker of the second was drained; every drained worker resumed.
+        d0, d1 = set(workers[0]), set(workers[1])
+        drained = {d: [t for w, t in fake_router.drains if w in ws] for d, ws in ((0, d0), (1, d1))}
+        resumed = {
+            d: [t for w, t in fake_router.resumes if w in ws] for d, ws in ((0, d0), (1, d1))
+        }
+        assert {w for w, _ in fake_router.resumes} == d0 | d1
+        assert max(drained[0]) < min(resumed[0]) <= max(resumed[0]) < min(drained[1])
+        assert max(drained[1]) < min(resumed[1])
+        assert st["composition"] == "2xCP4+1xCP8" and st["epoch"] == 1
+        assert condition(st, "Progressing")["status"] == "False"
+        reasons = [e["reason"] for e in events(k8s, namespace, "rolling")]
+        assert reasons.count("DomainPodReplaced") == 2, reasons
+        assert "NeedsNewPods" not in reasons, reasons
+        k8s.kubectl("delete", "cppool", "rolling", "-n", namespace, "--timeout=30s")
+
+
+def test_on_delete_leaves_outdated_pods_until_deleted_by_hand(
+    k8s, operator, namespace, fake_router
+):
+    with gpu_nodes(k8s, 1) as label:
+        ops.apply(k8s, cppool("ondelete", namespace, 8, label, updateStrategy={"type": "OnDelete"}))
+        _annotate_router(k8s, namespace, "ondelete", fake_router)
+        wait_for("Ready", 30, _ready(k8s, namespace, "ondelete"))
+        uids = _uids(k8s, namespace, "ondelete")
+        image = "ghcr.io/vertumnus/vertumnus:0.1.1"
+        patch = {"spec": {"engine": {"image": image}}}
+        k8s.kubectl(
+            "patch", "cppool", "ondelete", "-n", namespace, "--type=merge", "-p", json.dumps(patch)
+        )
+
+        def outdated():
+            st = pool_status(k8s, namespace, "ondelete")
+            return st if condition(st, "Degraded").get("reason") == "NeedsNewPods" else None
+
+        st = wait_for("NeedsNewPods", 20, outdated)
+        assert "OnDelete" in condition(st, "Degraded")["message"]
+        time.sleep(1.0)
+        assert _uids(k8s, namespace, "ondelete") == uids  # nothing replaced on its own
+        k8s.kubectl("delete", "pod", "ondelete-d0", "-n", namespace, "--timeout=30s")
+
+        def replaced():
+            pods = engine_pods(k8s, namespace, "ondelete")
+            ok = [p["spec"]["containers"][0]["image"] for p in pods] == [image]
+            return _ready(k8s, namespace, "ondelete")() if ok else None
+
+        wait_for("the pod recreated with the new image", 30, replaced)
+        k8s.kubectl("delete", "cppool", "ondelete", "-n", namespace, "--timeout=30s")
 
 
 def test_deleting_the_pool_removes_everything_it_made(k8s, operator, namespace):

@@ -145,3 +145,87 @@ def test_a_split_and_a_merge_by_the_operator_move_real_requests_and_lose_none(
                 router.stop()
             engine.stop()
         k8s.kubectl("delete", "cppool", "real", "-n", namespace, "--timeout=30s")
+
+
+def test_a_rolling_update_restarts_the_engine_and_loses_no_request(
+    k8s, operator, namespace, tmp_path
+) -> None:
+    # The same pool of one domain. A new engine image: the operator drains the worker at
+    # the router, deletes the pod and resumes the worker once the new pod is ready. The
+    # test plays the kubelet: when the pod is replaced, the engine process restarts (a
+    # new incarnation, its cache empty). Requests sent meanwhile wait at the router.
+    with gpu_nodes(k8s, 1, gpus=4) as label:
+        ops.apply(
+            k8s,
+            cppool(
+                "roll",
+                namespace,
+                4,
+                label,
+                gpusPerDomain=4,
+                degrees=[2, 4],
+                model={"profile": "cpu-tiny"},
+                controller={"windowSeconds": 3600},
+            ),
+        )
+        wait_for("Ready", 60, _composition(k8s, namespace, "roll", "1xCP4"))
+        (uid,) = [p["metadata"]["uid"] for p in engine_pods(k8s, namespace, "roll")]
+        config = json.loads(
+            k8s.kubectl("get", "configmap", "roll-router", "-n", namespace, "-o", "json").stdout
+        )["data"]["router.json"]
+        (tmp_path / "router.json").write_text(config)
+        engine = ps.Engine(4, [4], tmp_path / "engine.log", worker_ids=[0]).start()
+        router = None
+        try:
+            router = ps.RouterProcess(
+                [engine.address], tmp_path / "router.log", "--config", str(tmp_path / "router.json")
+            ).start()
+            k8s.kubectl(
+                "annotate",
+                "cppool",
+                "roll",
+                "-n",
+                namespace,
+                f"vertumnus.io/router-addresses={router.address}",
+            )
+            prompts = ps.prompts(100, seed=22, extra=60)
+            clients = _Clients(router.address, prompts, gap_s=0.05)
+            clients.thread.start()
+            time.sleep(1.0)
+            image = "ghcr.io/vertumnus/vertumnus:0.1.1"
+            patch = {"spec": {"engine": {"image": image}}}
+            k8s.kubectl(
+                "patch", "cppool", "roll", "-n", namespace, "--type=merge", "-p", json.dumps(patch)
+            )
+
+            def replaced():  # type: ignore[no-untyped-def]
+                pods = engine_pods(k8s, namespace, "roll")
+                return pods and pods[0]["metadata"]["uid"] != uid and pods[0]
+
+            wait_for("the pod replaced", 60, replaced)
+            # The worker was drained before its pod went: nothing is running on it.
+            assert ps.pool(router.address).workers[0].state == pool_pb2.WorkerStatus.DRAINING
+            engine.stop()
+            engine.start()
+
+            def serving():  # type: ignore[no-untyped-def]
+                st = pool_status(k8s, namespace, "roll")
+                w = ps.pool(router.address).workers[0]
+                return st.get("phase") == "Ready" and w.state == pool_pb2.WorkerStatus.SERVING
+
+            wait_for("the worker serving again", 60, serving)
+            clients.thread.join(180)
+            assert not clients.thread.is_alive(), "clients still waiting after 180 s"
+            assert clients.errors == []
+            assert sorted(clients.answers) == sorted(f"k{i}" for i in range(len(prompts)))
+            # Answers from before and after the restart are the model's.
+            for i in range(0, len(prompts), 20):
+                want = engine.first_token(0, prompts[i], f"check{i}")
+                assert clients.answers[f"k{i}"].first_token_id == want, i
+            reasons = [e["reason"] for e in ops.events(k8s, namespace, "roll")]
+            assert "DomainPodReplaced" in reasons, reasons
+        finally:
+            if router is not None:
+                router.stop()
+            engine.stop()
+        k8s.kubectl("delete", "cppool", "roll", "-n", namespace, "--timeout=30s")

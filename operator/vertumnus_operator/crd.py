@@ -42,6 +42,7 @@ __all__ = [
     "RouterSpec",
     "SchedulingSpec",
     "SpecError",
+    "UpdateStrategySpec",
     "parse_spec",
 ]
 
@@ -52,6 +53,9 @@ KIND = "CPPool"
 PLURAL = "cppools"
 
 _POW2 = (1, 2, 4, 8, 16, 32, 64)
+
+UPDATE_STRATEGIES = ("RollingUpdate", "OnDelete")
+"""``spec.updateStrategy.type`` (:class:`UpdateStrategySpec`)."""
 
 
 class SpecError(ValueError):
@@ -167,6 +171,15 @@ class RedisSpec:
 
 
 @dataclass(frozen=True)
+class UpdateStrategySpec:
+    type: str = "RollingUpdate"
+    """How domain pods that run an older spec (a new engine image, engine settings,
+    scheduling) are replaced: ``RollingUpdate``, by the operator one at a time, each
+    after its workers are drained at the routers; ``OnDelete``, only when deleted by
+    hand (StatefulSet's two strategies)."""
+
+
+@dataclass(frozen=True)
 class GangSpec:
     backend: str = "native"
     queue: str = "default"
@@ -197,6 +210,7 @@ class PoolSpec:
     redis: RedisSpec = field(default_factory=RedisSpec)
     gang: GangSpec = field(default_factory=GangSpec)
     scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
+    update_strategy: UpdateStrategySpec = field(default_factory=UpdateStrategySpec)
 
     @property
     def domains(self) -> int:
@@ -543,6 +557,15 @@ def parse_spec(
         tolerations=_tolerations(s, "tolerations", sp),
         priority_class_name=_str(s, "priorityClassName", sp, ""),
     )
+    update_strategy = UpdateStrategySpec(
+        _str(
+            _obj(raw, "updateStrategy", p),
+            "type",
+            f"{p}.updateStrategy",
+            "RollingUpdate",
+            UPDATE_STRATEGIES,
+        )  # fmt: skip
+    )
     spec = PoolSpec(
         gpus=gpus,
         engine=engine,
@@ -557,6 +580,7 @@ def parse_spec(
         redis=redis,
         gang=gang,
         scheduling=scheduling,
+        update_strategy=update_strategy,
     )
     try:
         spec.planner_settings()

@@ -9,11 +9,13 @@ second, four times a second while pods are being placed, every 2 s for a pool st
    ``status.state`` (or start one from the initial composition) and resume any recorded
    transition; on a new generation, say in Events what the change does (router settings:
    ConfigMap rewritten, the router reads it at start; controller settings: applied now; a
-   pinned composition: reached by transitions; GPU budget, domain size, engine image, gang
-   backend: needs new pods, not done);
+   pinned composition: reached by transitions; engine image or settings: the domain pods
+   roll; GPU budget, domain size, gang backend: needs new pods, not done);
 3. apply the pool's objects, create missing domain pods (:mod:`vertumnus.operator.reconcile`);
 4. observe pods and gang, write the status if it changed;
-5. once every domain pod is ready: replace a worker a router reports failed (its engine
+5. while domain pods run an older spec: the next step of their rolling update
+   (:mod:`vertumnus.operator.rollout`), and no decision;
+6. once every domain pod is ready: replace a worker a router reports failed (its engine
    cannot serve it: an SGLang server that exited), or start a split or merge asked for
    by annotation, or every hop (``hopSeconds``, or ``windowSeconds / checksPerWindow``)
    read the window from the routers and let the controller decide, or take the next step
@@ -37,6 +39,7 @@ from vertumnus.core.control import Controller
 from vertumnus.core.lattice import Layout, layout_for
 from vertumnus.core.transition import SWITCH_TIMEOUT_S
 from vertumnus.operator import resources as res
+from vertumnus.operator import rollout
 from vertumnus.operator.crd import (
     DEFAULT_REDIS_IMAGE,
     DEFAULT_ROUTER_IMAGE,
@@ -52,6 +55,7 @@ from vertumnus.operator.kube import KubeClient, NotFound, object_path
 from vertumnus.operator.reconcile import Reconciler
 from vertumnus.operator.record import LostRecord, Record, decode_record
 from vertumnus.operator.repairs import Repairs
+from vertumnus.operator.rollout import Rollout
 from vertumnus.operator.routerapi import AdminError, RouterAdmin
 from vertumnus.operator.serialize import StateError
 from vertumnus.operator.status import Observation, Problem, StatusStore, build_status
@@ -143,6 +147,10 @@ class PoolRuntime:
         self.was_ready = False
         """Every domain pod was ready once (a later loss is Degraded, not Pending)."""
         self.repairs = Repairs()
+        self.rollout = Rollout()
+        """The rolling update of outdated domain pods in progress (:mod:`.rollout`)."""
+        self.orphans_checked = False
+        """This operator has resumed the workers a cut-short rolling update left drained."""
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -269,15 +277,25 @@ class PoolRuntime:
         problems = await self.reconciler.apply(effective, layout, runner.record.pool.epoch)
         obs = await self.reconciler.observe(effective)
         obs.generation = generation
+        action = rollout.next_action(
+            self.rollout,
+            self.reconciler.outdated,
+            {d: [s.worker for s in layout.domain(d)] for d in {s.domain for s in layout.slots}},
+            obs.all_ready,
+            runner.busy,
+            self.admin is not None,
+        )
+        obs.updating = self.rollout.workers
         obs.problems = (
             problems
             + self.spec_problems
             + ([self.router_problem] if self.router_problem else [])
             + self.repairs.problems()
+            + ([] if action is None else [self._rolling(action)])
         )
         if obs.all_ready:
             self.was_ready = True
-        elif self.was_ready:
+        elif self.was_ready and self.rollout.domain is None:
             obs.problems.append(
                 Problem(
                     "Degraded",
@@ -296,6 +314,18 @@ class PoolRuntime:
             # Transitions in flight go on even while a domain is missing (they are per domain).
             await self._refresh_admin(obj, spec)
             runner.resume()
+        if (
+            obs.all_ready
+            and not runner.busy
+            and self.rollout.domain is None
+            and not self.orphans_checked
+        ):
+            await self._resume_orphans()
+        if action is not None:
+            # A rolling update: no decision until it is over (the windows would read a
+            # pool short of a domain).
+            await self._roll(action, spec)
+            return 0.5
         if not obs.all_ready:
             # Fast while pods are being placed; a pool stuck for a while is polled gently.
             return 0.25 if time.monotonic() - self.settling_since < 30.0 else 2.0
@@ -453,11 +483,22 @@ class PoolRuntime:
                 "are not restarted",
             )
         if (old.engine, old.gang, old.scheduling) != (spec.engine, spec.gang, spec.scheduling):
-            msg = (
-                "spec.engine, spec.gang or spec.scheduling changed: that needs new domain pods, "
-                "which the operator does not make on its own; the pool keeps running as it was"
-            )
-            await self.events.post("Warning", "NeedsNewPods", msg)
+            if spec.update_strategy.type == "RollingUpdate" and old.gang == spec.gang:
+                await self.events.post(
+                    "Normal",
+                    "RollingUpdate",
+                    "spec.engine or spec.scheduling changed: the domain pods are replaced one "
+                    "at a time, each after its workers are drained at the routers "
+                    "(updateStrategy RollingUpdate)",
+                )
+            else:
+                msg = (
+                    "spec.engine, spec.gang or spec.scheduling changed: that needs new domain "
+                    "pods, which the operator does not make on its own (the gang object cannot "
+                    "change in place, or updateStrategy OnDelete: a pod deleted by hand is "
+                    "recreated with the current spec); the pool keeps running as it was"
+                )
+                await self.events.post("Warning", "NeedsNewPods", msg)
         if (
             old.composition != spec.composition
             or old.controller != spec.controller
@@ -675,6 +716,92 @@ class PoolRuntime:
             await runner.manual(op)
         await self.kube.merge_patch(self.path, {"metadata": {"annotations": {key: None}}})
         return True
+
+    # ---- rolling update --------------------------------------------------------------------
+
+    def _rolling(self, action: rollout.Action) -> Problem:
+        """The Progressing condition of a rolling update at ``action``."""
+        left = len(self.reconciler.outdated)
+        what = (
+            action.why
+            if isinstance(action, rollout.Wait)
+            else f"replacing the pod of domain {action.domain}"
+            + (" (draining its workers)" if isinstance(action, rollout.Drain) else "")
+            + (" (its workers resume)" if isinstance(action, rollout.Resume) else "")
+        )
+        return Problem(
+            "Progressing",
+            "RollingUpdate",
+            f"rolling update of the domain pods, one at a time: {what}; "
+            f"{left} more run an older spec",
+        )
+
+    async def _roll(self, action: rollout.Action, spec: PoolSpec) -> None:
+        """Carry out one step of the rolling update (:func:`rollout.next_action`)."""
+        if isinstance(action, rollout.Wait):
+            return
+        r = self.rollout
+        pod = res.pod_name(self.name, action.domain)
+        try:
+            if isinstance(action, rollout.Drain):
+                if r.domain is None:
+                    r.begin(action.domain, action.workers)
+                    await self.events.post(
+                        "Normal",
+                        "RollingUpdate",
+                        f"domain pod {pod} runs an older spec: draining its workers "
+                        f"{list(action.workers)} at the routers, then replacing it "
+                        f"({len(self.reconciler.outdated)} outdated)",
+                    )
+                admin = self._admin_now()
+                # Short drains, retried each step: the status keeps being written meanwhile.
+                timeout = min(5.0, float(spec.controller.drain_timeout_seconds))
+                drained = await asyncio.gather(*(admin.drain(w, timeout) for w in action.workers))
+                if all(drained):
+                    await self._delete_pod(action.domain)
+                    r.deleted = True
+            elif isinstance(action, rollout.Delete):
+                await self._delete_pod(action.domain)
+            elif isinstance(action, rollout.Resume):
+                admin = self._admin_now()
+                await asyncio.gather(*(admin.resume(w) for w in action.workers))
+                r.finish()
+                await self.events.post(
+                    "Normal",
+                    "DomainPodReplaced",
+                    f"domain pod {pod} runs the current spec; its workers {list(action.workers)} "
+                    f"serve again ({r.replaced} replaced, {len(self.reconciler.outdated)} to go)",
+                )
+        except AdminError as e:
+            log.warning(
+                "%s/%s: rolling update of %s: %s; retrying", self.namespace, self.name, pod, e
+            )
+
+    async def _delete_pod(self, domain: int) -> None:
+        path = object_path("v1", "pods", self.namespace, res.pod_name(self.name, domain))
+        await self.kube.delete(path)
+
+    async def _resume_orphans(self) -> None:
+        """Once per operator: resume the workers the routers report draining that no
+        transition holds (a rolling update cut short by a restart left them drained)."""
+        assert self.runner is not None
+        if self.admin is None:
+            return
+        try:
+            draining = await self.admin.draining_workers()
+            left = rollout.orphans(draining, self.runner.record.pool.busy())
+            await asyncio.gather(*(self.admin.resume(w) for w in left))
+        except AdminError as e:
+            log.debug("%s/%s: cannot read the draining workers: %s", self.namespace, self.name, e)
+            return
+        self.orphans_checked = True
+        if left:
+            await self.events.post(
+                "Normal",
+                "WorkersResumed",
+                f"workers {left} were left drained by a rolling update cut short (an operator "
+                "restart); admitting at them again",
+            )
 
     def _router_down(self, why: str) -> None:
         self.router_problem = Problem(

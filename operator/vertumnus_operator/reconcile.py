@@ -3,7 +3,9 @@
 :meth:`Reconciler.apply` server-side-applies the pool's objects
 (:mod:`vertumnus.operator.resources`) and creates the domain pods that are missing —
 never replacing one: a pod's spec is fixed for its life, and the grouping it serves lives
-in its annotations. Before the first pod of a gang, it checks that the gang API is served
+in its annotations. It lists the pods that run an older spec (``outdated``); a rolling
+update (:mod:`vertumnus.operator.rollout`) deletes them one at a time, each after its
+workers are drained, and the next :meth:`~Reconciler.apply` creates it anew. Before the first pod of a gang, it checks that the gang API is served
 (discovery) and that a dry-run pod keeps its gang fields (with the feature gate off the
 API server drops them silently); if not, no pod is created and the CPPool says why.
 
@@ -72,6 +74,9 @@ class Reconciler:
         self._redis_cleaned = False
         self.gang_ok: dict[str, bool] = {}
         """Backend name -> the cluster serves it and keeps its pod fields."""
+        self.outdated: list[int] = []
+        """Domains whose pod runs an older spec and that a rolling update may replace
+        (found by the last :meth:`apply`; the gang object and the domains unchanged)."""
 
     def gang(self, spec: PoolSpec) -> GangBackend:
         return backend_for(spec.gang.backend, spec.gang.queue)
@@ -105,16 +110,19 @@ class Reconciler:
         else:
             await self._delete_redis()
 
+        self.outdated = []
         gang = self.gang(spec)
         if not await self._gang_usable(gang, spec, layout, epoch, problems):
             return problems
         group = res.gang_group(spec, owner, gang)
+        gang_stuck = False
         if group is not None:
             try:
                 await self._apply(group)
             except KubeError as e:
                 if e.status != 422:
                     raise
+                gang_stuck = True
                 problems.append(
                     Problem(
                         "Degraded",
@@ -135,15 +143,23 @@ class Reconciler:
             != want[d]["metadata"]["annotations"][res.ANN_SPEC_HASH]
         )
         extra = sorted(d for d in existing if d >= spec.domains)
-        if stale or extra:
+        rolling = spec.update_strategy.type == "RollingUpdate"
+        if stale and rolling and not extra and not gang_stuck:
+            self.outdated = stale  # the pool replaces them one by one (vertumnus.operator.rollout)
+        elif stale or extra:
             problems.append(
                 Problem(
                     "Degraded",
                     "NeedsNewPods",
                     f"the spec changed what the domain pods run ({'pods ' + str(stale) if stale else ''}"
                     f"{' and ' if stale and extra else ''}{'extra domains ' + str(extra) if extra else ''}): "
-                    "that needs new pods, which the operator does not make on its own; the pool keeps "
-                    "running as it was (recreate the CPPool to apply)",
+                    + (
+                        "updateStrategy OnDelete: a domain pod deleted by hand is recreated with "
+                        "the current spec"
+                        if stale and not extra and not rolling
+                        else "that needs new pods, which the operator does not make on its own; "
+                        "the pool keeps running as it was (recreate the CPPool to apply)"
+                    ),
                 )
             )
         return problems

@@ -14,7 +14,9 @@ through the router replicas, over gRPC (``grpc.aio``):
   operator restart changes nothing.
 - ``Admin.GetPool`` on every replica, for the workers one of them reports FAILED (an
   engine that answers it cannot serve: an SGLang server that exited), which the
-  operator replaces.
+  operator replaces, or DRAINING after a rolling update the operator did not finish.
+- ``Admin.Drain(worker, resume)`` on every replica: admit again at a worker whose domain
+  pod a rolling update replaced (:mod:`vertumnus.operator.rollout`).
 
 :class:`AdminError` carries the gRPC status name and the replica's address.
 """
@@ -157,6 +159,19 @@ class RouterAdmin:
         req = pool_pb2.DrainRequest(worker=worker, timeout_seconds=timeout_s)
         replies = await self._all("Drain", req, timeout_s + self.timeout_s)
         return all(isinstance(r, pool_pb2.DrainResponse) and r.drained for r in replies)
+
+    async def resume(self, worker: int) -> None:
+        """Admit at ``worker`` again at every replica (after a drain that no switch
+        followed: its domain pod was replaced in a rolling update)."""
+        await self._all("Drain", pool_pb2.DrainRequest(worker=worker, resume=True), self.timeout_s)
+
+    async def draining_workers(self) -> set[int]:
+        """The workers some replica reports DRAINING."""
+        out: set[int] = set()
+        for r in await self._all("GetPool", pool_pb2.GetPoolRequest(), self.timeout_s):
+            assert isinstance(r, pool_pb2.PoolStatus)
+            out |= {w.worker for w in r.workers if w.state == pool_pb2.WorkerStatus.DRAINING}
+        return out
 
     async def switch(self, action: tr.Switch, kind: str, engine_timeout_s: float = 60.0) -> float:
         """Send ``action`` to every replica; the longest switch time any reported. The

@@ -4,8 +4,9 @@
 record.Record` and the latest :class:`Observation` of the cluster: the workers (id,
 degree, domain, offset, ranks, state), the compact composition (``4xCP4+3xCP8``), the
 epoch, the transitions in flight, ``readyGPUs``, the phase of the printer column, and the
-conditions ``Ready``, ``Progressing``, ``Degraded``, ``GangScheduled``. The record itself
-goes to ``status.state``.
+conditions ``Ready``, ``Progressing`` (a transition, pods being placed, or a rolling
+update of the domain pods: phase ``Updating``), ``Degraded``, ``GangScheduled``. The
+record itself goes to ``status.state``.
 
 :class:`StatusStore` writes it through the ``/status`` subresource as a JSON merge patch
 carrying the last resourceVersion it saw. On a conflict (the object changed: kopf's
@@ -40,7 +41,7 @@ class Problem:
     """Something that keeps the pool from its spec: a condition's reason and message."""
 
     condition: str
-    """Which condition it sets False (Ready, GangScheduled) or True (Degraded)."""
+    """Which condition it sets False (Ready, GangScheduled) or True (Degraded, Progressing)."""
     reason: str
     message: str
 
@@ -59,6 +60,8 @@ class Observation:
     """Why a pod is not bound, as the scheduler says it (first one found)."""
     problems: list[Problem] = field(default_factory=list)
     generation: int = 0
+    updating: tuple[int, ...] = ()
+    """The workers whose domain pod a rolling update is replacing (state ``Updating``)."""
 
     @property
     def all_ready(self) -> bool:
@@ -94,8 +97,8 @@ def _or(value: float | None, default: float) -> float:
     return default if value is None else value
 
 
-def _workers(pool: tr.PoolState) -> list[dict[str, Any]]:
-    state: dict[int, str] = {}
+def _workers(pool: tr.PoolState, updating: Sequence[int]) -> list[dict[str, Any]]:
+    state: dict[int, str] = dict.fromkeys(updating, "Updating")
     for t in pool.transitions:
         for w in t.members:
             state[w] = "Draining"
@@ -190,6 +193,10 @@ def build_status(
             prev,
             now,
         )
+    elif by_kind.get("Progressing"):
+        # A rolling update of the domain pods (vertumnus.operator.rollout).
+        p = by_kind["Progressing"][0]
+        progressing = condition("Progressing", True, p.reason, p.message, gen, prev, now)
     elif not obs.all_ready and not ready_problem and not gang_problem:
         progressing = condition("Progressing", True, "Placing", ready["message"], gen, prev, now)
     else:
@@ -221,6 +228,8 @@ def build_status(
         p.reason == "DomainLost" for p in degraded_problems
     ):
         phase = "Degraded"
+    elif by_kind.get("Progressing"):
+        phase = "Updating"
     elif obs.all_ready:
         phase = "Degraded" if degraded_problems else "Ready"
     elif (
@@ -240,7 +249,7 @@ def build_status(
         "epoch": pool.epoch,
         "readyGPUs": obs.ready * obs.gpus_per_domain,
         "domains": obs.domains,
-        "workers": _workers(pool),
+        "workers": _workers(pool, obs.updating),
         "transitions": [
             {
                 "id": t.id,

@@ -13,7 +13,7 @@ regroups, and has knobs a test turns:
 - ``on_drain`` / ``on_switch`` — callbacks run inside the RPC (a unit test checks there
   that the phase was recorded before the call came).
 
-It records every call (``drains``, ``switches``, ``windows``) so a test can assert what
+It records every call (``drains``, ``resumes``, ``switches``, ``windows``) so a test can assert what
 the operator did, e.g. that a transition's switch took effect exactly once
 (:attr:`applied`: the switches that changed something). Load it by path where ``tests``
 is not importable: ``load_fake_router()`` in e2e/bench code does that.
@@ -66,6 +66,8 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
     on_switch: Callable[[pool_pb2.SwitchRequest], None] | None = None
     workers: dict[int, _Worker] = field(default_factory=dict)
     drains: list[tuple[int, float]] = field(default_factory=list)
+    resumes: list[tuple[int, float]] = field(default_factory=list)
+    """Every Drain with ``resume`` (admit again): (worker, when)."""
     switches: list[SwitchCall] = field(default_factory=list)
     windows: dict[int, pool_pb2.WindowReport] = field(default_factory=dict)
     takes: list[tuple[int, float]] = field(default_factory=list)
@@ -194,7 +196,7 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
         if self._fail(context, "drain"):
             return pool_pb2.DrainResponse()
         with self._lock:
-            self.drains.append((request.worker, time.time()))
+            (self.resumes if request.resume else self.drains).append((request.worker, time.time()))
             w = self.workers.get(request.worker)
             if w is not None and not w.failure:
                 w.state = (
@@ -202,6 +204,8 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
                     if request.resume
                     else pool_pb2.WorkerStatus.DRAINING
                 )
+        if request.resume:
+            return pool_pb2.DrainResponse()
         if self.on_drain is not None:
             self.on_drain(request.worker)
         timeout = request.timeout_seconds or 60.0

@@ -64,6 +64,7 @@ def _defaults(schema: dict[str, Any]) -> dict[str, Any]:
 
 _CAMEL = {
     "gpusPerDomain": "gpus_per_domain",
+    "updateStrategy": "update_strategy",
     "blockSize": "block_size",
     "maxTokens": "max_tokens",
     "basePort": "base_port",
@@ -168,6 +169,7 @@ def test_every_cel_rule_names_its_field():
         ({"gang": {"backend": "kueue"}}, "spec.gang.backend"),
         ({"router": {"port": 9090}}, "spec.router.metricsPort"),
         ({"scheduling": {"nodeSelector": {"a": 1}}}, "spec.scheduling.nodeSelector.a"),
+        ({"updateStrategy": {"type": "Recreate"}}, "spec.updateStrategy.type"),
     ],
 )
 def test_errors_name_the_field(change, field):
