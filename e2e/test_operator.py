@@ -713,6 +713,31 @@ def test_a_new_engine_image_rolls_the_domain_pods_one_at_a_time(
         k8s.kubectl("delete", "cppool", "rolling", "-n", namespace, "--timeout=30s")
 
 
+def test_max_unavailable_domains_roll_together(k8s, operator, namespace, fake_router):
+    with gpu_nodes(k8s, 2) as label:
+        spec = {"updateStrategy": {"rollingUpdate": {"maxUnavailable": 2}}}
+        ops.apply(k8s, cppool("together", namespace, 16, label, **spec))
+        _annotate_router(k8s, namespace, "together", fake_router)
+        wait_for("Ready", 30, _ready(k8s, namespace, "together"))
+        image = "ghcr.io/vertumnus/vertumnus:0.1.1"
+        patch = {"spec": {"engine": {"image": image}}}
+        k8s.kubectl(
+            "patch", "cppool", "together", "-n", namespace, "--type=merge", "-p", json.dumps(patch)
+        )
+
+        def rolled():
+            pods = engine_pods(k8s, namespace, "together")
+            images = {c["image"] for p in pods for c in p["spec"]["containers"]}
+            return _ready(k8s, namespace, "together")() if images == {image} else None
+
+        st = wait_for("both pods rolled", 60, rolled)
+        # Both domains were drained before either resumed.
+        assert len({w["domain"] for w in st["workers"]}) == 2
+        assert max(t for _, t in fake_router.drains) < min(t for _, t in fake_router.resumes)
+        assert {w for w, _ in fake_router.resumes} == {w["id"] for w in st["workers"]}
+        k8s.kubectl("delete", "cppool", "together", "-n", namespace, "--timeout=30s")
+
+
 def test_on_delete_leaves_outdated_pods_until_deleted_by_hand(
     k8s, operator, namespace, fake_router
 ):

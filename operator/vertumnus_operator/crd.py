@@ -174,9 +174,11 @@ class RedisSpec:
 class UpdateStrategySpec:
     type: str = "RollingUpdate"
     """How domain pods that run an older spec (a new engine image, engine settings,
-    scheduling) are replaced: ``RollingUpdate``, by the operator one at a time, each
-    after its workers are drained at the routers; ``OnDelete``, only when deleted by
-    hand (StatefulSet's two strategies)."""
+    scheduling) are replaced: ``RollingUpdate``, by the operator, ``max_unavailable`` at
+    a time, each after its workers are drained at the routers; ``OnDelete``, only when
+    deleted by hand (StatefulSet's two strategies)."""
+    max_unavailable: int = 1
+    """``rollingUpdate.maxUnavailable``: domain pods replaced at once, at most."""
 
 
 @dataclass(frozen=True)
@@ -557,14 +559,11 @@ def parse_spec(
         tolerations=_tolerations(s, "tolerations", sp),
         priority_class_name=_str(s, "priorityClassName", sp, ""),
     )
+    u = _obj(raw, "updateStrategy", p)
+    up = f"{p}.updateStrategy"
     update_strategy = UpdateStrategySpec(
-        _str(
-            _obj(raw, "updateStrategy", p),
-            "type",
-            f"{p}.updateStrategy",
-            "RollingUpdate",
-            UPDATE_STRATEGIES,
-        )  # fmt: skip
+        _str(u, "type", up, "RollingUpdate", UPDATE_STRATEGIES),
+        _int(_obj(u, "rollingUpdate", up), "maxUnavailable", f"{up}.rollingUpdate", 1, 1, 4096),
     )
     spec = PoolSpec(
         gpus=gpus,

@@ -277,11 +277,13 @@ class PoolRuntime:
         problems = await self.reconciler.apply(effective, layout, runner.record.pool.epoch)
         obs = await self.reconciler.observe(effective)
         obs.generation = generation
-        action = rollout.next_action(
+        actions = rollout.next_actions(
             self.rollout,
             self.reconciler.outdated,
             {d: [s.worker for s in layout.domain(d)] for d in {s.domain for s in layout.slots}},
-            obs.all_ready,
+            obs.ready_domains,
+            obs.domains,
+            spec.update_strategy.max_unavailable,
             runner.busy,
             self.admin is not None,
         )
@@ -291,16 +293,17 @@ class PoolRuntime:
             + self.spec_problems
             + ([self.router_problem] if self.router_problem else [])
             + self.repairs.problems()
-            + ([] if action is None else [self._rolling(action)])
+            + ([self._rolling(actions)] if actions else [])
         )
+        lost = set(range(obs.domains)) - obs.ready_domains - set(self.rollout.domains)
         if obs.all_ready:
             self.was_ready = True
-        elif self.was_ready and self.rollout.domain is None:
+        elif self.was_ready and lost:
             obs.problems.append(
                 Problem(
                     "Degraded",
                     "DomainLost",
-                    f"{obs.domains - obs.ready} of {obs.domains} domain pods are not ready (a node lost?): "
+                    f"{len(lost)} of {obs.domains} domain pods are not ready (a node lost?): "
                     "missing pods are recreated with the grouping in force; no decision is taken "
                     "until every domain is back",
                 )
@@ -317,14 +320,14 @@ class PoolRuntime:
         if (
             obs.all_ready
             and not runner.busy
-            and self.rollout.domain is None
+            and not self.rollout.domains
             and not self.orphans_checked
         ):
             await self._resume_orphans()
-        if action is not None:
+        if actions:
             # A rolling update: no decision until it is over (the windows would read a
             # pool short of a domain).
-            await self._roll(action, spec)
+            await self._roll(actions, spec)
             return 0.5
         if not obs.all_ready:
             # Fast while pods are being placed; a pool stuck for a while is polled gently.
@@ -487,9 +490,9 @@ class PoolRuntime:
                 await self.events.post(
                     "Normal",
                     "RollingUpdate",
-                    "spec.engine or spec.scheduling changed: the domain pods are replaced one "
-                    "at a time, each after its workers are drained at the routers "
-                    "(updateStrategy RollingUpdate)",
+                    "spec.engine or spec.scheduling changed: the domain pods are replaced, "
+                    f"{spec.update_strategy.max_unavailable} at a time, each after its workers "
+                    "are drained at the routers (updateStrategy RollingUpdate)",
                 )
             else:
                 msg = (
@@ -719,39 +722,46 @@ class PoolRuntime:
 
     # ---- rolling update --------------------------------------------------------------------
 
-    def _rolling(self, action: rollout.Action) -> Problem:
-        """The Progressing condition of a rolling update at ``action``."""
-        left = len(self.reconciler.outdated)
-        what = (
-            action.why
-            if isinstance(action, rollout.Wait)
-            else f"replacing the pod of domain {action.domain}"
-            + (" (draining its workers)" if isinstance(action, rollout.Drain) else "")
-            + (" (its workers resume)" if isinstance(action, rollout.Resume) else "")
-        )
+    def _rolling(self, actions: list[rollout.Action]) -> Problem:
+        """The Progressing condition of a rolling update at ``actions``."""
+        doing = {
+            rollout.Drain: "draining the workers of domain(s)",
+            rollout.Delete: "deleting again the pod of domain(s)",
+            rollout.Resume: "resuming the workers of domain(s)",
+        }
+        what = [a.why for a in actions if isinstance(a, rollout.Wait)]
+        for kind, text in doing.items():
+            ds = [a.domain for a in actions if isinstance(a, kind)]
+            if ds:
+                what.append(f"{text} {ds}")
         return Problem(
             "Progressing",
             "RollingUpdate",
-            f"rolling update of the domain pods, one at a time: {what}; "
-            f"{left} more run an older spec",
+            f"rolling update of the domain pods: {'; '.join(what)}; "
+            f"{len(self.reconciler.outdated)} run an older spec",
         )
 
-    async def _roll(self, action: rollout.Action, spec: PoolSpec) -> None:
-        """Carry out one step of the rolling update (:func:`rollout.next_action`)."""
+    async def _roll(self, actions: list[rollout.Action], spec: PoolSpec) -> None:
+        """Carry out one step of the rolling update (:func:`rollout.next_actions`), its
+        domains concurrently."""
+        await asyncio.gather(*(self._roll_one(a, spec) for a in actions))
+
+    async def _roll_one(self, action: rollout.Action, spec: PoolSpec) -> None:
         if isinstance(action, rollout.Wait):
             return
         r = self.rollout
         pod = res.pod_name(self.name, action.domain)
         try:
             if isinstance(action, rollout.Drain):
-                if r.domain is None:
+                if action.domain not in r.domains:
                     r.begin(action.domain, action.workers)
                     await self.events.post(
                         "Normal",
                         "RollingUpdate",
                         f"domain pod {pod} runs an older spec: draining its workers "
                         f"{list(action.workers)} at the routers, then replacing it "
-                        f"({len(self.reconciler.outdated)} outdated)",
+                        f"({len(self.reconciler.outdated)} outdated, at most "
+                        f"{spec.update_strategy.max_unavailable} at a time)",
                     )
                 admin = self._admin_now()
                 # Short drains, retried each step: the status keeps being written meanwhile.
@@ -759,13 +769,13 @@ class PoolRuntime:
                 drained = await asyncio.gather(*(admin.drain(w, timeout) for w in action.workers))
                 if all(drained):
                     await self._delete_pod(action.domain)
-                    r.deleted = True
+                    r.domains[action.domain].deleted = True
             elif isinstance(action, rollout.Delete):
                 await self._delete_pod(action.domain)
             elif isinstance(action, rollout.Resume):
                 admin = self._admin_now()
                 await asyncio.gather(*(admin.resume(w) for w in action.workers))
-                r.finish()
+                r.finish(action.domain)
                 await self.events.post(
                     "Normal",
                     "DomainPodReplaced",

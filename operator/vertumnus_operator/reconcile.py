@@ -4,8 +4,9 @@
 (:mod:`vertumnus.operator.resources`) and creates the domain pods that are missing —
 never replacing one: a pod's spec is fixed for its life, and the grouping it serves lives
 in its annotations. It lists the pods that run an older spec (``outdated``); a rolling
-update (:mod:`vertumnus.operator.rollout`) deletes them one at a time, each after its
-workers are drained, and the next :meth:`~Reconciler.apply` creates it anew. Before the first pod of a gang, it checks that the gang API is served
+update (:mod:`vertumnus.operator.rollout`) deletes them a few at a time, each after its
+workers are drained, and the next :meth:`~Reconciler.apply` creates it anew. Before
+the first pod of a gang, it checks that the gang API is served
 (discovery) and that a dry-run pod keeps its gang fields (with the feature gate off the
 API server drops them silently); if not, no pod is created and the CPPool says why.
 
@@ -241,6 +242,7 @@ class Reconciler:
             conds = {c.get("type"): c for c in st.get("conditions") or []}
             if st.get("phase") == "Running" and (conds.get("Ready") or {}).get("status") == "True":
                 obs.ready += 1
+                obs.ready_domains.add(d)
             sched = conds.get("PodScheduled") or {}
             if sched.get("status") == "False" and not obs.unschedulable:
                 obs.unschedulable = (

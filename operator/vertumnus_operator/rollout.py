@@ -3,16 +3,17 @@
 A domain pod's spec is fixed for its life (:mod:`vertumnus.operator.reconcile`). When
 the CPPool's spec changes what the pods run — a new engine image, engine settings, the
 model, scheduling — the pods that run the older spec are **outdated**, and the pool
-replaces them one domain at a time, the way a StatefulSet rolls:
+replaces them, at most ``spec.updateStrategy.maxUnavailable`` domains at a time (1 by
+default), the way a StatefulSet rolls:
 
-1. wait until every domain pod is ready and no split or merge is in flight;
-2. **drain** the domain's workers at every router replica (each stops placing there
-   and places its queued requests on the other domains; a running prefill finishes);
-3. **delete** the pod; the reconciler creates it again with the current spec and the
+1. a domain starts while fewer are being replaced, no split or merge is in flight, and
+   every other domain pod is ready (the lowest outdated domain first);
+2. **drain** its workers at every router replica (each stops placing there and places
+   its queued requests on the other domains; a running prefill finishes);
+3. **delete** its pod; the reconciler creates it again with the current spec and the
    grouping in force (its annotations), as it recreates a lost one;
-4. once every pod is ready again, **resume** the domain's workers at the routers (the
-   routers see the engine's new incarnation and rebuild its part of the prefix index);
-5. the next outdated domain.
+4. once the new pod is ready, **resume** the domain's workers at the routers (the
+   routers see the engine's new incarnation and rebuild its part of the prefix index).
 
 No request is lost: queued ones move before the pod goes, running ones finish first.
 The pool serves on the other domains meanwhile, and the controller takes no decision
@@ -23,35 +24,46 @@ between starts the domain again if its pod is still outdated (the drain is idemp
 and resumes any worker the routers report draining that no transition holds
 (:func:`orphans`): what a rollout stopped by the restart left drained.
 
-:func:`next_action` is the pure decision; ``Pool`` (:mod:`vertumnus.operator.pool`)
+:func:`next_actions` is the pure decision; ``PoolRuntime`` (:mod:`vertumnus.operator.pool`)
 carries it out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["Delete", "Drain", "Resume", "Rollout", "Wait", "next_action", "orphans"]
+__all__ = ["Delete", "Drain", "Resume", "Rollout", "Wait", "next_actions", "orphans"]
+
+
+@dataclass
+class Replacing:
+    """One domain pod being replaced."""
+
+    workers: tuple[int, ...]
+    """Its workers when it began: drained, to be resumed."""
+    deleted: bool = False
+    """Its outdated pod was deleted (the reconciler creates the new one)."""
 
 
 @dataclass
 class Rollout:
-    """The domain pod a rolling update is replacing, if any."""
+    """The domain pods a rolling update is replacing, by domain."""
 
-    domain: int | None = None
-    workers: tuple[int, ...] = ()
-    """Its workers when the update began: drained, to be resumed."""
-    deleted: bool = False
-    """Its outdated pod was deleted (the reconciler creates the new one)."""
+    domains: dict[int, Replacing] = field(default_factory=dict)
     replaced: int = 0
     """Domain pods this operator has replaced so far (for the events)."""
 
-    def begin(self, domain: int, workers: Sequence[int]) -> None:
-        self.domain, self.workers, self.deleted = domain, tuple(workers), False
+    @property
+    def workers(self) -> tuple[int, ...]:
+        """Every worker of the domains being replaced."""
+        return tuple(w for d in sorted(self.domains) for w in self.domains[d].workers)
 
-    def finish(self) -> None:
-        self.domain, self.workers, self.deleted = None, (), False
+    def begin(self, domain: int, workers: Sequence[int]) -> None:
+        self.domains[domain] = Replacing(tuple(workers))
+
+    def finish(self, domain: int) -> None:
+        del self.domains[domain]
         self.replaced += 1
 
 
@@ -64,7 +76,8 @@ class Wait:
 
 @dataclass(frozen=True)
 class Drain:
-    """Drain ``workers`` at every router, then delete the domain's pod."""
+    """Drain ``workers`` at every router, then delete the domain's pod (the first
+    time: the domain's replacement begins)."""
 
     domain: int
     workers: tuple[int, ...]
@@ -89,38 +102,51 @@ class Resume:
 Action = Wait | Drain | Delete | Resume
 
 
-def next_action(
+def next_actions(
     rollout: Rollout,
     outdated: Sequence[int],
     workers_of: Mapping[int, Sequence[int]],
-    all_ready: bool,
+    ready: Collection[int],
+    domains: int,
+    max_unavailable: int,
     busy: bool,
     routed: bool,
-) -> Action | None:
-    """What the update does next (None: there is nothing to update).
+) -> list[Action]:
+    """What the update does this step (empty: there is nothing to update).
 
     ``outdated``: the domains whose pod runs an older spec; ``workers_of``: each
-    domain's workers in the pool's layout; ``all_ready``: every domain pod is ready;
-    ``busy``: a transition is in flight; ``routed``: a router address is known."""
-    d = rollout.domain
-    if d is None:
-        if not outdated:
-            return None
-        if not routed:
-            return Wait("no router address yet (its workers must be drained first)")
-        if busy:
-            return Wait("a split or merge in flight finishes first")
-        if not all_ready:
-            return Wait("every domain pod must be ready before the next one is replaced")
-        first = min(outdated)
-        return Drain(first, tuple(workers_of.get(first, ())))
-    if not rollout.deleted:
-        return Drain(d, rollout.workers)
-    if d in outdated:
-        return Delete(d)
-    if not all_ready:
-        return Wait(f"the new pod of domain {d} is starting")
-    return Resume(d, rollout.workers)
+    domain's workers in the pool's layout; ``ready``: the domains whose pod is ready,
+    of ``domains``; ``max_unavailable``: domains replaced at once, at most; ``busy``: a
+    transition is in flight; ``routed``: a router address is known."""
+    out: list[Action] = []
+    for d, r in sorted(rollout.domains.items()):
+        if not r.deleted:
+            out.append(Drain(d, r.workers))
+        elif d in outdated:
+            out.append(Delete(d))
+        elif d in ready:
+            out.append(Resume(d, r.workers))
+    waiting = sorted(set(outdated) - set(rollout.domains))
+    if not waiting:
+        if rollout.domains and not out:
+            return [Wait(f"the new pod of domain(s) {sorted(rollout.domains)} is starting")]
+        return out
+    others_ready = all(d in ready for d in range(domains) if d not in rollout.domains)
+    why = (
+        "no router address yet (the workers must be drained first)"
+        if not routed
+        else "a split or merge in flight finishes first"
+        if busy
+        else "every other domain pod must be ready first"
+        if not others_ready
+        else ""
+    )
+    if not why:
+        free = max_unavailable - len(rollout.domains)
+        out += [Drain(d, tuple(workers_of.get(d, ()))) for d in waiting[: max(0, free)]]
+    if not out:
+        out.append(Wait(why or f"{len(rollout.domains)} domain(s) being replaced already"))
+    return out
 
 
 def orphans(draining: Collection[int], in_transitions: Collection[int]) -> list[int]:

@@ -60,6 +60,8 @@ class Observation:
     """Why a pod is not bound, as the scheduler says it (first one found)."""
     problems: list[Problem] = field(default_factory=list)
     generation: int = 0
+    ready_domains: set[int] = field(default_factory=set)
+    """The domains whose pod is ready."""
     updating: tuple[int, ...] = ()
     """The workers whose domain pod a rolling update is replacing (state ``Updating``)."""
 

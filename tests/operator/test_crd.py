@@ -99,6 +99,10 @@ def test_the_parser_defaults_are_the_crd_defaults():
     transfer = defaults["engine"].pop("transfer")
     assert transfer == {"backend": "mooncake"} and spec.engine.transfer_backend == "mooncake"
     assert spec.engine.rdma_resource == ""
+    # updateStrategy.rollingUpdate is nested in the CRD, flat in the parser.
+    defaults["updateStrategy"] = _defaults(_schema()["properties"]["updateStrategy"])
+    rolling = defaults["updateStrategy"].pop("rollingUpdate")
+    assert rolling == {"maxUnavailable": 1} and spec.update_strategy.max_unavailable == 1
     checked = 0
     for key, value in defaults.items():
         attr = getattr(spec, _CAMEL.get(key, key))
@@ -170,6 +174,10 @@ def test_every_cel_rule_names_its_field():
         ({"router": {"port": 9090}}, "spec.router.metricsPort"),
         ({"scheduling": {"nodeSelector": {"a": 1}}}, "spec.scheduling.nodeSelector.a"),
         ({"updateStrategy": {"type": "Recreate"}}, "spec.updateStrategy.type"),
+        (
+            {"updateStrategy": {"rollingUpdate": {"maxUnavailable": 0}}},
+            "spec.updateStrategy.rollingUpdate.maxUnavailable",
+        ),
     ],
 )
 def test_errors_name_the_field(change, field):
