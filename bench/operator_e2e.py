@@ -71,6 +71,13 @@ def _poll(what: str, timeout: float, probe: Any) -> Any:
     return ops.wait_for(what, timeout, probe, interval=0.02)
 
 
+def _patch(cluster: Any, name: str, spec: dict[str, Any]) -> None:
+    """Merge ``spec`` into the CPPool's spec."""
+    cluster.kubectl(
+        "patch", "cppool", name, "-n", "bench", "--type=merge", "-p", json.dumps({"spec": spec})
+    )
+
+
 def _roll(cluster: Any, router: Any, name: str, drain_s: float) -> dict[str, Any]:
     """A new engine image on the pool: from the patch to every domain pod replaced and
     the pool Ready again, and per domain from its first drain to its workers resumed."""
@@ -78,16 +85,7 @@ def _roll(cluster: Any, router: Any, name: str, drain_s: float) -> dict[str, Any
     image = "ghcr.io/vertumnus/vertumnus:0.1.1"
     began = time.monotonic()
     wall_began = time.time()
-    cluster.kubectl(
-        "patch",
-        "cppool",
-        name,
-        "-n",
-        "bench",
-        "--type=merge",
-        "-p",
-        json.dumps({"spec": {"engine": {"image": image}}}),
-    )
+    _patch(cluster, name, {"engine": {"image": image}})
 
     def rolled() -> bool:
         pods = ops.engine_pods(cluster, "bench", name)
@@ -199,16 +197,7 @@ def main() -> int:
                     epoch = ops.pool_status(cluster, "bench", name)["epoch"]
                     drains_before = len(router.drains)
                     patched = time.monotonic()
-                    cluster.kubectl(
-                        "patch",
-                        "cppool",
-                        name,
-                        "-n",
-                        "bench",
-                        "--type=merge",
-                        "-p",
-                        json.dumps({"spec": {"composition": target}}),
-                    )
+                    _patch(cluster, name, {"composition": target})
                     wall_patched = time.time()
 
                     def committed(e=epoch):

@@ -66,48 +66,57 @@ class _Clients:
             await asyncio.gather(*(one(i, t) for i, t in enumerate(self.prompts)))
 
 
+def _one_domain_pool(k8s, ns, name, label, tmp_path):  # type: ignore[no-untyped-def]
+    """A CPPool of one 4-"GPU" domain (the cpu-tiny profile covers degrees 1, 2, 4),
+    moved only by hand, Ready as 1xCP4; its pod's UIDs and the router.json it
+    rendered, written to ``tmp_path``."""
+    ops.apply(
+        k8s,
+        cppool(
+            name,
+            ns,
+            4,
+            label,
+            gpusPerDomain=4,
+            degrees=[2, 4],
+            model={"profile": "cpu-tiny"},
+            controller={"windowSeconds": 3600},  # only the operator's own moves
+        ),
+    )
+    try:
+        wait_for("Ready", 60, _composition(k8s, ns, name, "1xCP4"))
+    except AssertionError:
+        raise AssertionError(f"not Ready: {pool_status(k8s, ns, name)}") from None
+    uids = [p["metadata"]["uid"] for p in engine_pods(k8s, ns, name)]
+    config = json.loads(
+        k8s.kubectl("get", "configmap", f"{name}-router", "-n", ns, "-o", "json").stdout
+    )["data"]["router.json"]
+    (tmp_path / "router.json").write_text(config)
+    return uids
+
+
+def _route(k8s, ns, name, engine, tmp_path):  # type: ignore[no-untyped-def]
+    """A router from the pool's router.json in front of ``engine``, and the CPPool
+    pointed at it."""
+    router = ps.RouterProcess(
+        [engine.address], tmp_path / "router.log", "--config", str(tmp_path / "router.json")
+    ).start()
+    k8s.kubectl(
+        "annotate", "cppool", name, "-n", ns, f"vertumnus.io/router-addresses={router.address}"
+    )
+    return router
+
+
 def test_a_split_and_a_merge_by_the_operator_move_real_requests_and_lose_none(
     k8s, operator, namespace, tmp_path
 ) -> None:
-    # One domain of 4 "GPUs" (the cpu-tiny profile covers degrees 1, 2, 4).
     with gpu_nodes(k8s, 1, gpus=4) as label:
-        ops.apply(
-            k8s,
-            cppool(
-                "real",
-                namespace,
-                4,
-                label,
-                gpusPerDomain=4,
-                degrees=[2, 4],
-                model={"profile": "cpu-tiny"},
-                controller={"windowSeconds": 3600},  # only the annotations move it
-            ),
-        )
-        try:
-            wait_for("Ready", 60, _composition(k8s, namespace, "real", "1xCP4"))
-        except AssertionError:
-            raise AssertionError(f"not Ready: {pool_status(k8s, namespace, 'real')}") from None
-        uids = [p["metadata"]["uid"] for p in engine_pods(k8s, namespace, "real")]
-        config = json.loads(
-            k8s.kubectl("get", "configmap", "real-router", "-n", namespace, "-o", "json").stdout
-        )["data"]["router.json"]
-        (tmp_path / "router.json").write_text(config)
+        uids = _one_domain_pool(k8s, namespace, "real", label, tmp_path)
         # Worker 0 of degree 4 over ranks 0-3, epoch 1: what the CPPool's status says.
         engine = ps.Engine(4, [4], tmp_path / "engine.log", worker_ids=[0]).start()
         router = None
         try:
-            router = ps.RouterProcess(
-                [engine.address], tmp_path / "router.log", "--config", str(tmp_path / "router.json")
-            ).start()
-            k8s.kubectl(
-                "annotate",
-                "cppool",
-                "real",
-                "-n",
-                namespace,
-                f"vertumnus.io/router-addresses={router.address}",
-            )
+            router = _route(k8s, namespace, "real", engine, tmp_path)
             prompts = ps.prompts(160, seed=21, extra=60)
             clients = _Clients(router.address, prompts, gap_s=0.05)  # ~8 s of requests
             clients.thread.start()
@@ -155,39 +164,11 @@ def test_a_rolling_update_restarts_the_engine_and_loses_no_request(
     # test plays the kubelet: when the pod is replaced, the engine process restarts (a
     # new incarnation, its cache empty). Requests sent meanwhile wait at the router.
     with gpu_nodes(k8s, 1, gpus=4) as label:
-        ops.apply(
-            k8s,
-            cppool(
-                "roll",
-                namespace,
-                4,
-                label,
-                gpusPerDomain=4,
-                degrees=[2, 4],
-                model={"profile": "cpu-tiny"},
-                controller={"windowSeconds": 3600},
-            ),
-        )
-        wait_for("Ready", 60, _composition(k8s, namespace, "roll", "1xCP4"))
-        (uid,) = [p["metadata"]["uid"] for p in engine_pods(k8s, namespace, "roll")]
-        config = json.loads(
-            k8s.kubectl("get", "configmap", "roll-router", "-n", namespace, "-o", "json").stdout
-        )["data"]["router.json"]
-        (tmp_path / "router.json").write_text(config)
+        (uid,) = _one_domain_pool(k8s, namespace, "roll", label, tmp_path)
         engine = ps.Engine(4, [4], tmp_path / "engine.log", worker_ids=[0]).start()
         router = None
         try:
-            router = ps.RouterProcess(
-                [engine.address], tmp_path / "router.log", "--config", str(tmp_path / "router.json")
-            ).start()
-            k8s.kubectl(
-                "annotate",
-                "cppool",
-                "roll",
-                "-n",
-                namespace,
-                f"vertumnus.io/router-addresses={router.address}",
-            )
+            router = _route(k8s, namespace, "roll", engine, tmp_path)
             prompts = ps.prompts(100, seed=22, extra=60)
             clients = _Clients(router.address, prompts, gap_s=0.05)
             clients.thread.start()
