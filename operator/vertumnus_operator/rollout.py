@@ -93,7 +93,8 @@ class Delete:
 
 @dataclass(frozen=True)
 class Resume:
-    """The domain's new pod is ready: admit at ``workers`` again."""
+    """The domain's new pod is ready (or its old pod is no longer outdated): admit at
+    ``workers`` again."""
 
     domain: int
     workers: tuple[int, ...]
@@ -121,7 +122,9 @@ def next_actions(
     out: list[Action] = []
     for d, r in sorted(rollout.domains.items()):
         if not r.deleted:
-            out.append(Drain(d, r.workers))
+            # Its pod no longer outdated before it went (the spec reverted, or the update
+            # called off: OnDelete): the update of this domain ends where it is.
+            out.append(Drain(d, r.workers) if d in outdated else Resume(d, r.workers))
         elif d in outdated:
             out.append(Delete(d))
         elif d in ready:

@@ -97,3 +97,9 @@ def test_the_status_says_updating_and_which_workers():
     states = {w["id"]: w["state"] for w in st["workers"]}
     assert [states[w] for w in (0, 1)] == ["Updating", "Updating"]
     assert set(states.values()) == {"Updating", "Serving"}
+
+
+def test_a_domain_still_draining_when_the_spec_reverts_is_resumed_not_replaced():
+    r = rollout.Rollout()
+    r.begin(0, (0, 1))
+    assert _next(r, outdated=(1, 2)) == [rollout.Resume(0, (0, 1))]
