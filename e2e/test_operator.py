@@ -134,7 +134,15 @@ def test_rendered_manifests_are_accepted_by_the_api_server(
         cwd=ops.ROOT,
     ).stdout
     kinds = sorted({o["kind"] for o in json.loads(rendered)["items"]})
-    assert kinds == ["ConfigMap", "Deployment", "Pod", "PodGroup", "Secret", "Service"]
+    assert kinds == [
+        "ConfigMap",
+        "Deployment",
+        "Pod",
+        "PodDisruptionBudget",
+        "PodGroup",
+        "Secret",
+        "Service",
+    ]
     result = k8s.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered)
     assert result.stdout.count("(server dry run)") == len(json.loads(rendered)["items"])
 
@@ -145,6 +153,8 @@ def test_the_service_account_has_only_what_it_needs(k8s, chart):
         ("patch", "cppools.vertumnus.io/status", True),
         ("create", "pods", True),
         ("patch", "podgroups.scheduling.k8s.io", True),
+        ("patch", "poddisruptionbudgets.policy", True),
+        ("update", "poddisruptionbudgets.policy", False),
         ("get", "secrets", False),  # it creates the Redis password, never reads one
         ("list", "secrets", False),
         ("update", "pods", False),
@@ -771,19 +781,61 @@ def test_on_delete_leaves_outdated_pods_until_deleted_by_hand(
         k8s.kubectl("delete", "cppool", "ondelete", "-n", namespace, "--timeout=30s")
 
 
+def test_evictions_take_one_domain_pod_at_a_time(k8s, operator, namespace, fake_router):
+    # kubectl drain of GPU nodes evicts: the pool's PodDisruptionBudget lets one domain
+    # pod go at a time (updateStrategy.rollingUpdate.maxUnavailable).
+    with gpu_nodes(k8s, 2) as label:
+        ops.apply(
+            k8s, cppool("evict", namespace, 16, label, composition=[{"count": 2, "degree": 8}])
+        )
+        wait_for("Ready", 30, _ready(k8s, namespace, "evict"))
+
+        def budget():
+            out = k8s.kubectl("get", "pdb", "evict-domains", "-n", namespace, "-o", "json")
+            return json.loads(out.stdout)
+
+        pdb = wait_for(
+            "the budget counted",
+            30,
+            lambda: (b := budget())["status"].get("currentHealthy") == 2 and b,
+        )
+        assert pdb["spec"]["minAvailable"] == 1 and pdb["status"]["disruptionsAllowed"] == 1
+
+        def evict(pod):
+            body = {
+                "apiVersion": "policy/v1",
+                "kind": "Eviction",
+                "metadata": {"name": pod, "namespace": namespace},
+            }
+            return k8s.api("POST", f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction", body)
+
+        status, reply = evict("evict-d0")
+        assert status == 201, reply
+        status, reply = evict("evict-d1")
+        assert status == 429, reply
+        assert "disruption budget" in reply.get("message", ""), reply
+        # The evicted pod comes back (a lost domain), and the pool with it.
+        wait_for("Ready again", 30, _ready(k8s, namespace, "evict"))
+        k8s.kubectl("delete", "cppool", "evict", "-n", namespace, "--timeout=30s")
+
+
 def test_deleting_the_pool_removes_everything_it_made(k8s, operator, namespace):
     with gpu_nodes(k8s, 1) as label:
         ops.apply(k8s, cppool("doomed", namespace, 8, label, redis={"mode": "managed"}))
         wait_for("Ready", 30, _ready(k8s, namespace, "doomed"))
         selector = "vertumnus.io/pool=doomed"
-        kinds = "pods,deployments,services,configmaps,secrets,podgroups.scheduling.k8s.io"
+        kinds = (
+            "pods,deployments,services,configmaps,secrets,poddisruptionbudgets,"
+            "podgroups.scheduling.k8s.io"
+        )
         made = k8s.kubectl(
             "get", kinds, "-n", namespace, "-l", selector, "-o", "name"
         ).stdout.split()
         assert any(m.startswith("secret/") for m in made) and any("podgroup" in m for m in made), (
             made
         )
-        assert len(made) >= 9, made
+        assert "poddisruptionbudget.policy/doomed-domains" in made, made
+        assert len(made) >= 10, made
         k8s.kubectl("delete", "cppool", "doomed", "-n", namespace, "--timeout=30s")
         assert (
             k8s.kubectl(

@@ -40,9 +40,11 @@ log = logging.getLogger(__name__)
 def pool_objects(
     spec: PoolSpec, owner: res.Owner, layout: Layout, epoch: int
 ) -> list[dict[str, Any]]:
-    """Every object of the pool except its pods, the gang object and the Redis Secret."""
+    """Every object of the pool except its pods, the gang object and the Redis Secret
+    (its PodDisruptionBudget included)."""
     objs = [
         res.engines_service(owner, spec),
+        res.domains_pdb(owner, spec),
         res.configmap(spec, owner, layout, epoch),
         res.router_deployment(spec, owner),
         res.router_service(spec, owner),
@@ -60,6 +62,7 @@ def path_of(obj: Mapping[str, Any]) -> str:
         "Pod": "pods",
         "Secret": "secrets",
         "PodGroup": "podgroups",
+        "PodDisruptionBudget": "poddisruptionbudgets",
     }[kind]
     meta = obj["metadata"]
     return object_path(obj["apiVersion"], plural, meta["namespace"], meta["name"])
@@ -288,6 +291,7 @@ class Reconciler:
             ("apps/v1", "deployments"),
             ("v1", "services"),
             ("v1", "configmaps"),
+            ("policy/v1", "poddisruptionbudgets"),
         ):
             for item in await self.kube.list(object_path(api, plural, ns), selector):
                 refs = item["metadata"].get("ownerReferences") or []

@@ -53,6 +53,7 @@ __all__ = [
     "Owner",
     "configmap",
     "domain_pod",
+    "domains_pdb",
     "engines_service",
     "gang_group",
     "format_grouping",
@@ -331,6 +332,26 @@ def engines_service(owner: Owner, spec: PoolSpec) -> dict[str, Any]:
             "publishNotReadyAddresses": True,
             "selector": {LABEL_POOL: owner.name, LABEL_COMPONENT: "engine"},
             "ports": [{"name": "rank-0", "port": spec.engine.base_port}],
+        },
+    }
+
+
+def domains_pdb(owner: Owner, spec: PoolSpec) -> dict[str, Any]:
+    """A PodDisruptionBudget over the domain pods: evictions (``kubectl drain`` of GPU
+    nodes, a node-pool upgrade) take at most ``updateStrategy.rollingUpdate.maxUnavailable``
+    domains at once, as many as a rolling update does. The operator's own deletions (a
+    rolling update) are not evictions and do not consult it.
+
+    Why ``minAvailable`` (the domains less that) and not ``maxUnavailable``: with
+    ``maxUnavailable`` the disruption controller asks the pods' controller for its scale,
+    and a CPPool has no scale subresource, so it would allow no eviction at all."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": owner.meta(f"{owner.name}-domains", "engine"),
+        "spec": {
+            "minAvailable": max(0, spec.domains - spec.update_strategy.max_unavailable),
+            "selector": {"matchLabels": {LABEL_POOL: owner.name, LABEL_COMPONENT: "engine"}},
         },
     }
 

@@ -242,6 +242,7 @@ def test_every_object_is_owned_and_labelled():
         "ConfigMap",
         "Deployment",
         "Deployment",
+        "PodDisruptionBudget",
         "Secret",
         "Service",
         "Service",
@@ -288,3 +289,18 @@ def test_the_router_command_line_parses_with_the_routers_own_parser(tmp_path):
     assert s.cache_manager is None and s.controller is None
     assert s.profile == "qwen3-30b-a3b/h200" and s.admission_limit == 1024
     assert (s.placement.beta, s.placement.beta_busy, s.placement.lam) == (1.5, 6.0, 0.2)
+
+
+def test_evictions_take_at_most_max_unavailable_domain_pods():
+    spec = _spec(gpus=32, updateStrategy={"rollingUpdate": {"maxUnavailable": 2}})
+    pdb = res.domains_pdb(OWNER, spec)
+    assert pdb["spec"] == {
+        "minAvailable": 2,  # 4 domains, 2 may go
+        "selector": {"matchLabels": {res.LABEL_POOL: "pool", res.LABEL_COMPONENT: "engine"}},
+    }
+    layout = layout_for(Composition.parse("2xCP8"), 8)
+    pod = res.domain_pod(_spec(), OWNER, 0, layout.domain(0), 1, gangs.backend_for("native"))
+    labels = pod["metadata"]["labels"]
+    assert all(labels[k] == v for k, v in pdb["spec"]["selector"]["matchLabels"].items())
+    # One domain, or as many allowed as there are: no eviction is refused forever.
+    assert res.domains_pdb(OWNER, _spec(gpus=8))["spec"]["minAvailable"] == 0
