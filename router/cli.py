@@ -97,6 +97,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="requests accepted and not finished, at most (default 1024)",
     )
     p.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=None,
+        help="seconds a SIGTERM lets the requests in flight finish (default 30)",
+    )
+    p.add_argument(
         "--no-cache-manager",
         action="store_true",
         help="run without the global prefix-cache manager (whatever the file says)",
@@ -175,8 +181,12 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
 
 def cmd_router(args: argparse.Namespace) -> int:
     from vertumnus.router.logs import configure_logging
-    from vertumnus.router.serve import serve
+    from vertumnus.router.serve import SHUTDOWN_GRACE_S, serve
 
+    grace = SHUTDOWN_GRACE_S if args.shutdown_grace is None else args.shutdown_grace
+    if not grace >= 0:  # also refuses nan
+        print(f"vertumnus: error: --shutdown-grace must be >= 0, got {grace}", file=sys.stderr)
+        return 2
     try:
         config = router_config_from_args(args)
         store = _store(config)
@@ -189,7 +199,9 @@ def cmd_router(args: argparse.Namespace) -> int:
 
     freeze_startup()  # the imports' objects, out of every full collection's walk
     try:
-        return asyncio.run(serve(settings, config.engines, store=store, router_id=args.router_id))
+        return asyncio.run(
+            serve(settings, config.engines, grace, store=store, router_id=args.router_id)
+        )
     except OSError as e:
         print(f"vertumnus: error: {e}", file=sys.stderr)
         return 2

@@ -3,8 +3,14 @@
 ``serve`` is what ``vertumnus router`` and ``vertumnus up`` run. It binds the
 public port exclusively (gRPC's port reuse off: a second router on a port in
 use fails instead of sharing it), answers health NOT_SERVING until the router
-has discovered its workers, and on SIGINT or SIGTERM stops accepting, lets
-requests in flight finish (up to ``grace_s``), and exits without a traceback.
+has discovered its workers, and on SIGINT or SIGTERM shuts down gracefully
+(:meth:`RunningRouter.stop`): health turns NOT_SERVING, the server takes no new
+RPC and tells its clients so (HTTP/2 GOAWAY: they reconnect to another replica),
+and the requests in flight — queued at the router or running at a worker, which
+for a long prompt can take tens of seconds — are answered, up to
+``SHUTDOWN_GRACE_S``; then it exits without a traceback. In Kubernetes the
+router's pod waits a few seconds before the signal (a ``preStop`` sleep), so that
+the Service stops sending it new connections first.
 """
 
 from __future__ import annotations
@@ -24,21 +30,33 @@ from vertumnus.router.router import Router
 from vertumnus.router.service import NOT_SERVING, SERVING, add_services
 from vertumnus.router.settings import RouterSettings
 
-__all__ = ["RunningRouter", "serve", "start_router"]
+__all__ = ["SHUTDOWN_GRACE_S", "RunningRouter", "serve", "start_router"]
 
 _log = logging.getLogger("vertumnus.router")
+
+SHUTDOWN_GRACE_S = 30.0
+"""How long a router shutting down lets the requests in flight finish (``--shutdown-grace``).
+The operator's router pods allow it, and their ``preStop`` sleep, before they are killed."""
+
+_SERVICES = ("", "vertumnus.v1.Prefill", "vertumnus.v1.Admin")
 
 
 class RunningRouter:
     """A started router and its servers (for tests and for ``vertumnus up``)."""
 
     def __init__(
-        self, router: Router, server: grpc.aio.Server, port: int, metrics_port: int | None
+        self,
+        router: Router,
+        server: grpc.aio.Server,
+        port: int,
+        metrics_port: int | None,
+        health: Any = None,
     ) -> None:
         self.router = router
         self.server = server
         self.port = port
         self.metrics_port = metrics_port
+        self.health = health
         self._metrics_server: Any = None
 
     @property
@@ -46,11 +64,15 @@ class RunningRouter:
         host = self.router.settings.listen.rpartition(":")[0]
         return f"{host}:{self.port}"
 
-    async def stop(self, grace_s: float = 5.0) -> None:
-        deadline = asyncio.get_running_loop().time() + grace_s
-        while self.router.in_flight() and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.05)
-        await self.server.stop(grace=1.0)
+    async def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+        """Take no new request and answer those in flight, up to ``grace_s`` (what is
+        left then is cancelled); then close the router."""
+        if self.health is not None:
+            for name in _SERVICES:
+                await self.health.set(name, NOT_SERVING)
+        # New RPCs are refused from here (GOAWAY); the router goes on placing and
+        # answering the ones it holds while the server waits for them.
+        await self.server.stop(grace=grace_s)
         await self.router.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
@@ -87,7 +109,7 @@ async def start_router(
         await server.stop(grace=None)
         await router.close()
         raise
-    running = RunningRouter(router, server, port, None)
+    running = RunningRouter(router, server, port, None, health)
     if settings.metrics_listen:
         host, _, mport = settings.metrics_listen.rpartition(":")
         try:
@@ -99,13 +121,19 @@ async def start_router(
             raise OSError(f"cannot serve metrics on {settings.metrics_listen}: {e}") from None
         running._metrics_server = http
         running.metrics_port = http.server_port
-    for name in ("", "vertumnus.v1.Prefill", "vertumnus.v1.Admin"):
+    for name in _SERVICES:
         await health.set(name, SERVING)
     return running
 
 
-async def serve(settings: RouterSettings, engines: Sequence[str], **kw) -> int:  # type: ignore[no-untyped-def]
-    """Run a router until SIGINT or SIGTERM; returns the exit code."""
+async def serve(  # type: ignore[no-untyped-def]
+    settings: RouterSettings,
+    engines: Sequence[str],
+    grace_s: float = SHUTDOWN_GRACE_S,
+    **kw,
+) -> int:
+    """Run a router until SIGINT or SIGTERM, then stop within ``grace_s``; returns the
+    exit code."""
     running = await start_router(settings, engines, **kw)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -123,6 +151,10 @@ async def serve(settings: RouterSettings, engines: Sequence[str], **kw) -> int: 
         flush=True,
     )
     await stop.wait()
-    _log.info("stopping: letting %d requests in flight finish", running.router.in_flight())
-    await running.stop()
+    _log.info(
+        "stopping: taking no new request, letting %d in flight finish (up to %g s)",
+        running.router.in_flight(),
+        grace_s,
+    )
+    await running.stop(grace_s)
     return 0

@@ -90,6 +90,12 @@ PODINFO = "/etc/vertumnus/pod"
 ROUTER_CONFIG = "/etc/vertumnus/router"
 ROUTER_CONFIG_FILE = f"{ROUTER_CONFIG}/router.json"
 """Where the router pod reads :func:`router_config` (``vertumnus router --config``)."""
+ROUTER_PRESTOP_S = 5
+"""Seconds a router pod being deleted keeps serving before its SIGTERM (endpoints
+propagate meanwhile)."""
+ROUTER_SHUTDOWN_GRACE_S = 30
+"""= ``vertumnus.router.serve.SHUTDOWN_GRACE_S`` (the operator does not import the router):
+the pod allows it, after the preStop sleep, before it is killed."""
 ANN_ROUTER_CONFIG_HASH = "vertumnus.io/router-config-hash"
 """On the router's pod template: a digest of ``router.json``, so that a spec change that
 changes it rolls the router (a running router reads the file only at start)."""
@@ -482,12 +488,17 @@ def router_deployment(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
                     {"name": "metrics", "containerPort": r.metrics_port},
                 ],
                 "readinessProbe": {"grpc": {"port": r.port}, "periodSeconds": 5},
+                # On deletion (a rollout of the router, a drained node): a few seconds
+                # for the Service to stop sending new connections, then SIGTERM, on
+                # which the router answers what it holds within its shutdown grace.
+                "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_PRESTOP_S}}},
                 # router.json: the pool's settings, which the router reads at start
                 # (--config); layout.json: the grouping in force.
                 "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG, "readOnly": True}],
             }
         ],
         "volumes": [{"name": "config", "configMap": {"name": f"{owner.name}-router"}}],
+        "terminationGracePeriodSeconds": ROUTER_PRESTOP_S + ROUTER_SHUTDOWN_GRACE_S + 10,
     }
     if r.node_selector:
         pod["nodeSelector"] = dict(r.node_selector)

@@ -304,3 +304,13 @@ def test_evictions_take_at_most_max_unavailable_domain_pods():
     assert all(labels[k] == v for k, v in pdb["spec"]["selector"]["matchLabels"].items())
     # One domain, or as many allowed as there are: no eviction is refused forever.
     assert res.domains_pdb(OWNER, _spec(gpus=8))["spec"]["minAvailable"] == 0
+
+
+def test_a_router_pod_being_deleted_answers_what_it_holds_before_it_is_killed():
+    from vertumnus.router.serve import SHUTDOWN_GRACE_S
+
+    assert res.ROUTER_SHUTDOWN_GRACE_S == SHUTDOWN_GRACE_S
+    pod = res.router_deployment(_spec(), OWNER)["spec"]["template"]["spec"]
+    (router,) = pod["containers"]
+    assert router["lifecycle"]["preStop"] == {"sleep": {"seconds": res.ROUTER_PRESTOP_S}}
+    assert pod["terminationGracePeriodSeconds"] > res.ROUTER_PRESTOP_S + SHUTDOWN_GRACE_S

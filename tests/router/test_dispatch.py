@@ -304,3 +304,27 @@ async def test_a_resume_the_engine_refuses_keeps_the_worker_drained_and_loses_no
     finally:
         await running.stop(1.0)
         await engine.server.stop(0)
+
+
+@_sync
+async def test_a_stopping_router_answers_what_it_holds_and_refuses_new_requests() -> None:
+    # A SIGTERM (a rollout of the router) while a long prefill runs and another waits
+    # behind it: both are answered; a request that comes after is refused.
+    engine, running = await _pool()
+    try:
+        engine.delays = {"long": 1.5, "behind": 0.2}
+        async with grpc.aio.insecure_channel(running.address) as ch:
+            stub = pool_pb2_grpc.PrefillStub(ch)
+            long = asyncio.ensure_future(_send(stub, "long", 40))
+            behind = asyncio.ensure_future(_send(stub, "behind", 41))
+            await asyncio.sleep(0.2)
+            stopping = asyncio.ensure_future(running.stop(10.0))
+            await asyncio.sleep(0.2)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await _send(stub, "late", 42)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert (await long).request_id == "long"
+            assert (await behind).request_id == "behind"
+            await stopping
+    finally:
+        await engine.server.stop(0)
