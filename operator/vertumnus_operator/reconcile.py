@@ -149,7 +149,7 @@ class Reconciler:
         extra = sorted(d for d in existing if d >= spec.domains)
         rolling = spec.update_strategy.type == "RollingUpdate"
         if stale and rolling and not extra and not gang_stuck:
-            self.outdated = stale  # the pool replaces them one by one (vertumnus.operator.rollout)
+            self.outdated = stale  # the pool replaces them (vertumnus.operator.rollout)
         elif stale or extra:
             problems.append(
                 Problem(
