@@ -93,9 +93,6 @@ ROUTER_CONFIG_FILE = f"{ROUTER_CONFIG}/router.json"
 ROUTER_PRESTOP_S = 5
 """Seconds a router pod being deleted keeps serving before its SIGTERM (endpoints
 propagate meanwhile)."""
-ROUTER_SHUTDOWN_GRACE_S = 30
-"""= ``vertumnus.router.serve.SHUTDOWN_GRACE_S`` (the operator does not import the router):
-the pod allows it, after the preStop sleep, before it is killed."""
 ANN_ROUTER_CONFIG_HASH = "vertumnus.io/router-config-hash"
 """On the router's pod template: a digest of ``router.json``, so that a spec change that
 changes it rolls the router (a running router reads the file only at start)."""
@@ -460,8 +457,13 @@ def router_args(spec: PoolSpec, owner: Owner) -> list[str]:
     (engines, ports, profile, admission limit, placement, cache manager, Redis: see
     :func:`router_config`), mounted from the ConfigMap, and the replica's name, which only
     the pod knows. The operator runs the transitions, so no ``--controller``; the Redis
-    password is in the environment (``VERTUMNUS_REDIS_PASSWORD``), never here."""
-    return ["vertumnus", "router", "--config", ROUTER_CONFIG_FILE, "--router-id", "$(POD_NAME)"]
+    password is in the environment (``VERTUMNUS_REDIS_PASSWORD``), never here. A router
+    shutting down waits for the requests in flight as long as a drain waits for a running
+    prefill (``controller.drainTimeoutSeconds``)."""
+    return [
+        "vertumnus", "router", "--config", ROUTER_CONFIG_FILE, "--router-id", "$(POD_NAME)",
+        "--shutdown-grace", str(spec.controller.drain_timeout_seconds),
+    ]  # fmt: skip
 
 
 def router_config_hash(spec: PoolSpec, owner: Owner) -> str:
@@ -498,7 +500,9 @@ def router_deployment(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
             }
         ],
         "volumes": [{"name": "config", "configMap": {"name": f"{owner.name}-router"}}],
-        "terminationGracePeriodSeconds": ROUTER_PRESTOP_S + ROUTER_SHUTDOWN_GRACE_S + 10,
+        "terminationGracePeriodSeconds": (
+            ROUTER_PRESTOP_S + spec.controller.drain_timeout_seconds + 10
+        ),
     }
     if r.node_selector:
         pod["nodeSelector"] = dict(r.node_selector)

@@ -197,7 +197,8 @@ def test_the_router_gets_its_settings_and_the_layout():
         "name": "VERTUMNUS_REDIS_PASSWORD",
         "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}},
     }
-    # The router reads router.json from the mounted ConfigMap; only its name is a flag.
+    # The router reads router.json from the mounted ConfigMap; only its name is a flag
+    # (and its shutdown grace, the drain timeout).
     assert c["args"] == [
         "vertumnus",
         "router",
@@ -205,6 +206,8 @@ def test_the_router_gets_its_settings_and_the_layout():
         "/etc/vertumnus/router/router.json",
         "--router-id",
         "$(POD_NAME)",
+        "--shutdown-grace",
+        "60",
     ]
     (mount,) = c["volumeMounts"]
     assert mount["mountPath"] + "/router.json" == c["args"][3]
@@ -277,6 +280,7 @@ def test_the_router_command_line_parses_with_the_routers_own_parser(tmp_path):
     argv = [a.replace("$(POD_NAME)", "pool-router-abc") for a in args[1:]]
     ns = parser.parse_args([str(mounted) if a == res.ROUTER_CONFIG_FILE else a for a in argv])
     assert ns.command == "router" and ns.router_id == "pool-router-abc" and not ns.controller
+    assert ns.shutdown_grace == 60.0
     config = router_config_from_args(ns)
     assert config.engines == (
         "pool-d0.pool-engines.ns.svc:50051",
@@ -307,10 +311,10 @@ def test_evictions_take_at_most_max_unavailable_domain_pods():
 
 
 def test_a_router_pod_being_deleted_answers_what_it_holds_before_it_is_killed():
-    from vertumnus.router.serve import SHUTDOWN_GRACE_S
-
-    assert res.ROUTER_SHUTDOWN_GRACE_S == SHUTDOWN_GRACE_S
-    pod = res.router_deployment(_spec(), OWNER)["spec"]["template"]["spec"]
+    # A router waits for its requests in flight as long as a drain waits for a prefill.
+    spec = _spec(controller={"drainTimeoutSeconds": 120})
+    pod = res.router_deployment(spec, OWNER)["spec"]["template"]["spec"]
     (router,) = pod["containers"]
+    assert router["args"][-2:] == ["--shutdown-grace", "120"]
     assert router["lifecycle"]["preStop"] == {"sleep": {"seconds": res.ROUTER_PRESTOP_S}}
-    assert pod["terminationGracePeriodSeconds"] > res.ROUTER_PRESTOP_S + SHUTDOWN_GRACE_S
+    assert pod["terminationGracePeriodSeconds"] > res.ROUTER_PRESTOP_S + 120
