@@ -71,29 +71,14 @@ def _poll(what: str, timeout: float, probe: Any) -> Any:
     return ops.wait_for(what, timeout, probe, interval=0.02)
 
 
-def _patch(cluster: Any, name: str, spec: dict[str, Any]) -> None:
-    """Merge ``spec`` into the CPPool's spec."""
-    cluster.kubectl(
-        "patch", "cppool", name, "-n", "bench", "--type=merge", "-p", json.dumps({"spec": spec})
-    )
-
-
 def _roll(cluster: Any, router: Any, name: str, drain_s: float) -> dict[str, Any]:
     """A new engine image on the pool: from the patch to every domain pod replaced and
     the pool Ready again, and per domain from its first drain to its workers resumed."""
     drains_before, resumes_before = len(router.drains), len(router.resumes)
-    image = "ghcr.io/vertumnus/vertumnus:0.1.1"
     began = time.monotonic()
     wall_began = time.time()
-    _patch(cluster, name, {"engine": {"image": image}})
-
-    def rolled() -> bool:
-        pods = ops.engine_pods(cluster, "bench", name)
-        images = {c["image"] for p in pods for c in p["spec"]["containers"]}
-        st = ops.pool_status(cluster, "bench", name)
-        return images == {image} and len(pods) == 8 and st.get("phase") == "Ready"
-
-    _poll("the rolling update", 300, rolled)
+    ops.set_engine_image(cluster, "bench", name)
+    _poll("the rolling update", 300, lambda: ops.rolled_to(cluster, "bench", name))
     total = time.monotonic() - began
     st = ops.pool_status(cluster, "bench", name)
     domain_of = {w["id"]: w["domain"] for w in st["workers"]}
@@ -197,7 +182,10 @@ def main() -> int:
                     epoch = ops.pool_status(cluster, "bench", name)["epoch"]
                     drains_before = len(router.drains)
                     patched = time.monotonic()
-                    _patch(cluster, name, {"composition": target})
+                    patch = json.dumps({"spec": {"composition": target}})
+                    cluster.kubectl(
+                        "patch", "cppool", name, "-n", "bench", "--type=merge", "-p", patch
+                    )
                     wall_patched = time.time()
 
                     def committed(e=epoch):

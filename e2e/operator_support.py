@@ -254,6 +254,27 @@ def events(k8s: Any, namespace: str, name: str) -> list[dict[str, Any]]:
     return sorted(body["items"], key=lambda e: e["metadata"]["name"])
 
 
+NEW_IMAGE = "ghcr.io/vertumnus/vertumnus:0.1.1"
+"""The engine image a test rolls a pool to (``cppool`` renders 0.1.0)."""
+
+
+def set_engine_image(k8s: Any, namespace: str, name: str, image: str = NEW_IMAGE) -> str:
+    """Patch the CPPool's engine image (what makes its domain pods outdated); the image."""
+    patch = {"spec": {"engine": {"image": image}}}
+    k8s.kubectl("patch", "cppool", name, "-n", namespace, "--type=merge", "-p", json.dumps(patch))
+    return image
+
+
+def rolled_to(k8s: Any, namespace: str, name: str, image: str = NEW_IMAGE) -> dict[str, Any] | None:
+    """The pool's status once every engine pod runs ``image`` and the pool is Ready (None
+    before): a probe for :func:`wait_for`."""
+    pods = engine_pods(k8s, namespace, name)
+    if not pods or {c["image"] for p in pods for c in p["spec"]["containers"]} != {image}:
+        return None
+    st = pool_status(k8s, namespace, name)
+    return st if st.get("phase") == "Ready" else None
+
+
 def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
     for c in status.get("conditions") or []:
         if c["type"] == type_:

@@ -667,17 +667,7 @@ def test_a_new_engine_image_rolls_the_domain_pods_one_at_a_time(
         before = {p["metadata"]["name"]: p for p in engine_pods(k8s, namespace, "rolling")}
         _annotate_router(k8s, namespace, "rolling", fake_router)
         fake_router.hold_drains()  # the first domain's drain cannot finish yet
-        image = "ghcr.io/vertumnus/vertumnus:0.1.1"
-        k8s.kubectl(
-            "patch",
-            "cppool",
-            "rolling",
-            "-n",
-            namespace,
-            "--type=merge",
-            "-p",
-            json.dumps({"spec": {"engine": {"image": image}}}),
-        )
+        ops.set_engine_image(k8s, namespace, "rolling")
 
         def updating():
             st = pool_status(k8s, namespace, "rolling")
@@ -692,12 +682,7 @@ def test_a_new_engine_image_rolls_the_domain_pods_one_at_a_time(
         assert {w for w, _ in fake_router.drains} <= set(workers[0])
         fake_router.release_drains()
 
-        def rolled():
-            pods = engine_pods(k8s, namespace, "rolling")
-            images = {c["image"] for p in pods for c in p["spec"]["containers"]}
-            return _ready(k8s, namespace, "rolling")() if images == {image} else None
-
-        st = wait_for("both pods rolled", 60, rolled)
+        st = wait_for("both pods rolled", 60, lambda: ops.rolled_to(k8s, namespace, "rolling"))
         after = {p["metadata"]["name"]: p for p in engine_pods(k8s, namespace, "rolling")}
         ann = "vertumnus.io/grouping"
         for name, pod in after.items():
@@ -729,18 +714,8 @@ def test_max_unavailable_domains_roll_together(k8s, operator, namespace, fake_ro
         ops.apply(k8s, cppool("together", namespace, 16, label, **spec))
         _annotate_router(k8s, namespace, "together", fake_router)
         wait_for("Ready", 30, _ready(k8s, namespace, "together"))
-        image = "ghcr.io/vertumnus/vertumnus:0.1.1"
-        patch = {"spec": {"engine": {"image": image}}}
-        k8s.kubectl(
-            "patch", "cppool", "together", "-n", namespace, "--type=merge", "-p", json.dumps(patch)
-        )
-
-        def rolled():
-            pods = engine_pods(k8s, namespace, "together")
-            images = {c["image"] for p in pods for c in p["spec"]["containers"]}
-            return _ready(k8s, namespace, "together")() if images == {image} else None
-
-        st = wait_for("both pods rolled", 60, rolled)
+        ops.set_engine_image(k8s, namespace, "together")
+        st = wait_for("both pods rolled", 60, lambda: ops.rolled_to(k8s, namespace, "together"))
         # Both domains were drained before either resumed.
         assert len({w["domain"] for w in st["workers"]}) == 2
         assert max(t for _, t in fake_router.drains) < min(t for _, t in fake_router.resumes)
@@ -756,11 +731,7 @@ def test_on_delete_leaves_outdated_pods_until_deleted_by_hand(
         _annotate_router(k8s, namespace, "ondelete", fake_router)
         wait_for("Ready", 30, _ready(k8s, namespace, "ondelete"))
         uids = _uids(k8s, namespace, "ondelete")
-        image = "ghcr.io/vertumnus/vertumnus:0.1.1"
-        patch = {"spec": {"engine": {"image": image}}}
-        k8s.kubectl(
-            "patch", "cppool", "ondelete", "-n", namespace, "--type=merge", "-p", json.dumps(patch)
-        )
+        ops.set_engine_image(k8s, namespace, "ondelete")
 
         def outdated():
             st = pool_status(k8s, namespace, "ondelete")
@@ -772,12 +743,11 @@ def test_on_delete_leaves_outdated_pods_until_deleted_by_hand(
         assert _uids(k8s, namespace, "ondelete") == uids  # nothing replaced on its own
         k8s.kubectl("delete", "pod", "ondelete-d0", "-n", namespace, "--timeout=30s")
 
-        def replaced():
-            pods = engine_pods(k8s, namespace, "ondelete")
-            ok = [p["spec"]["containers"][0]["image"] for p in pods] == [image]
-            return _ready(k8s, namespace, "ondelete")() if ok else None
-
-        wait_for("the pod recreated with the new image", 30, replaced)
+        wait_for(
+            "the pod recreated with the new image",
+            30,
+            lambda: ops.rolled_to(k8s, namespace, "ondelete"),
+        )
         k8s.kubectl("delete", "cppool", "ondelete", "-n", namespace, "--timeout=30s")
 
 

@@ -173,11 +173,7 @@ def test_a_rolling_update_restarts_the_engine_and_loses_no_request(
             clients = _Clients(router.address, prompts, gap_s=0.05)
             clients.thread.start()
             time.sleep(1.0)
-            image = "ghcr.io/vertumnus/vertumnus:0.1.1"
-            patch = {"spec": {"engine": {"image": image}}}
-            k8s.kubectl(
-                "patch", "cppool", "roll", "-n", namespace, "--type=merge", "-p", json.dumps(patch)
-            )
+            ops.set_engine_image(k8s, namespace, "roll")
 
             def replaced():  # type: ignore[no-untyped-def]
                 pods = engine_pods(k8s, namespace, "roll")
