@@ -244,7 +244,6 @@ class Reconciler:
                 obs.bound += 1
             conds = {c.get("type"): c for c in st.get("conditions") or []}
             if st.get("phase") == "Running" and (conds.get("Ready") or {}).get("status") == "True":
-                obs.ready += 1
                 obs.ready_domains.add(d)
             sched = conds.get("PodScheduled") or {}
             if sched.get("status") == "False" and not obs.unschedulable:

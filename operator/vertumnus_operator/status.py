@@ -53,17 +53,21 @@ class Observation:
     domains: int = 0
     pods: int = 0
     bound: int = 0
-    ready: int = 0
+    ready_domains: set[int] = field(default_factory=set)
+    """The domains whose pod is ready."""
     gpus_per_domain: int = 8
     gang: GangStatus | None = None
     unschedulable: str = ""
     """Why a pod is not bound, as the scheduler says it (first one found)."""
     problems: list[Problem] = field(default_factory=list)
     generation: int = 0
-    ready_domains: set[int] = field(default_factory=set)
-    """The domains whose pod is ready."""
     updating: tuple[int, ...] = ()
     """The workers whose domain pod a rolling update is replacing (state ``Updating``)."""
+
+    @property
+    def ready(self) -> int:
+        """Domain pods ready."""
+        return len(self.ready_domains)
 
     @property
     def all_ready(self) -> bool:

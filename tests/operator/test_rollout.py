@@ -84,7 +84,12 @@ def test_orphans_are_the_draining_workers_no_transition_holds():
 def test_the_status_says_updating_and_which_workers():
     record = Record(tr.initial_pool(layout_for(Composition.parse("2xCP4+1xCP8"), 8)))
     obs = Observation(
-        domains=2, pods=1, bound=1, ready=1, gang=GangStatus(True, "Scheduled", ""), generation=2
+        domains=2,
+        pods=1,
+        bound=1,
+        ready_domains={1},
+        gang=GangStatus(True, "Scheduled", ""),
+        generation=2,
     )
     obs.updating = (0, 1)
     obs.problems = [Problem("Progressing", "RollingUpdate", "2 domain pod(s) run an older spec")]

@@ -35,7 +35,12 @@ def _cond(status, type_):
 
 def test_a_ready_pool():
     obs = Observation(
-        domains=2, pods=2, bound=2, ready=2, gang=GangStatus(True, "Scheduled", ""), generation=3
+        domains=2,
+        pods=2,
+        bound=2,
+        ready_domains={0, 1},
+        gang=GangStatus(True, "Scheduled", ""),
+        generation=3,
     )
     st = build_status(_record(), obs, [], 1000.0)
     assert (
@@ -69,7 +74,7 @@ def test_an_unschedulable_gang_says_why():
         domains=3,
         pods=3,
         bound=0,
-        ready=0,
+        ready_domains=set(),
         gang=gang,
         unschedulable="pool-d0: 0/2 nodes are available",
     )
@@ -93,7 +98,7 @@ def test_a_missing_gang_api_and_a_degraded_pool():
     obs = Observation(
         domains=2,
         bound=2,
-        ready=2,
+        ready_domains={0, 1},
         gang=GangStatus(True, "Scheduled", ""),
         problems=[Problem("Degraded", "NeedsNewPods", "gpus changed")],
     )
@@ -106,7 +111,7 @@ def test_a_transition_in_flight_shows_its_phase_and_workers():
     r = _record("1xCP8")
     pool, t, _ = tr.begin(r.pool, planner.Split(0, "load"))
     r = Record(pool, started=((t.id, 0.0),))
-    obs = Observation(domains=1, bound=1, ready=1, gang=GangStatus(True, "", ""))
+    obs = Observation(domains=1, bound=1, ready_domains={0}, gang=GangStatus(True, "", ""))
     st = build_status(r, obs, [], 5.0)
     assert st["phase"] == "Draining" and st["transitions"][0] == {
         "id": 1,
