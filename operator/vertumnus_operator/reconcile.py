@@ -208,7 +208,7 @@ class Reconciler:
     async def pods(self) -> dict[int, dict[str, Any]]:
         items = await self.kube.list(
             object_path("v1", "pods", self.owner.namespace),
-            f"{res.LABEL_POOL}={self.owner.name},{res.LABEL_COMPONENT}=engine",
+            ",".join(f"{k}={v}" for k, v in res.engine_labels(self.owner).items()),
         )
         out = {}
         for pod in items:

@@ -54,6 +54,7 @@ __all__ = [
     "configmap",
     "domain_pod",
     "domains_pdb",
+    "engine_labels",
     "engines_service",
     "gang_group",
     "format_grouping",
@@ -324,6 +325,11 @@ def gang_group(spec: PoolSpec, owner: Owner, gang: GangBackend) -> dict[str, Any
     return group
 
 
+def engine_labels(owner: Owner) -> dict[str, str]:
+    """The labels that select the pool's domain pods (its Service, its disruption budget)."""
+    return {LABEL_POOL: owner.name, LABEL_COMPONENT: "engine"}
+
+
 def engines_service(owner: Owner, spec: PoolSpec) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -333,7 +339,7 @@ def engines_service(owner: Owner, spec: PoolSpec) -> dict[str, Any]:
             "clusterIP": "None",
             # The router dials engines by DNS name before they report Ready (it probes them).
             "publishNotReadyAddresses": True,
-            "selector": {LABEL_POOL: owner.name, LABEL_COMPONENT: "engine"},
+            "selector": engine_labels(owner),
             "ports": [{"name": "rank-0", "port": spec.engine.base_port}],
         },
     }
@@ -354,7 +360,7 @@ def domains_pdb(owner: Owner, spec: PoolSpec) -> dict[str, Any]:
         "metadata": owner.meta(f"{owner.name}-domains", "engine"),
         "spec": {
             "minAvailable": max(0, spec.domains - spec.update_strategy.max_unavailable),
-            "selector": {"matchLabels": {LABEL_POOL: owner.name, LABEL_COMPONENT: "engine"}},
+            "selector": {"matchLabels": engine_labels(owner)},
         },
     }
 
