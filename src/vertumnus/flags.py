@@ -1,6 +1,6 @@
 """Command-line flags that more than one Vertumnus command takes, defined once.
 
-``vertumnus simulate`` and ``vertumnus-router`` both let a user override the
+``vertumnus simulate`` and ``vertumnus router`` both let a user override the
 placement cost's β, β_busy and λ (design.md section 3); the flags, their help
 and how they apply over a base :class:`~vertumnus.core.placement.PlacementParams`
 are here so that the two commands cannot drift apart.
