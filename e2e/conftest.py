@@ -134,9 +134,14 @@ def chart(k8s, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def operator(chart, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     """The session's operator: a real `python -m vertumnus.operator run` process, all
     namespaces, under the chart's ServiceAccount, peering priority 10 (tests that start
-    their own operators give them higher priorities; this one pauses meanwhile)."""
+    their own operators give them higher priorities; this one pauses meanwhile), its
+    ``/metrics`` on a loopback port (``operator.scrape()``)."""
+    from vertumnus.ports import free_port_base
+
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    proc = operator_support.OperatorProcess(chart, log, priority=10, name="session-operator")
+    proc = operator_support.OperatorProcess(
+        chart, log, priority=10, name="session-operator", metrics_port=free_port_base(1)
+    )
     proc.start()
     try:
         yield proc

@@ -14,10 +14,13 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "deploy" / "helm" / "vertumnus"
@@ -118,6 +121,7 @@ class OperatorProcess:
         name: str,
         peering_lifetime: int = 10,
         env: dict[str, str] | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.log_path = log_path
@@ -125,6 +129,8 @@ class OperatorProcess:
         self.name = name
         self.peering_lifetime = peering_lifetime
         self.extra_env = env or {}
+        self.metrics_port = metrics_port
+        """Where it serves ``/metrics`` on loopback (None: it serves none)."""
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> OperatorProcess:
@@ -150,6 +156,7 @@ class OperatorProcess:
                 "run",
                 f"--priority={self.priority}",
                 f"--peering-lifetime={self.peering_lifetime}",
+                *([f"--metrics-listen=127.0.0.1:{self.metrics_port}"] if self.metrics_port else []),
             ],
             env=env,
             stdout=log,
@@ -158,6 +165,18 @@ class OperatorProcess:
         )
         log.close()
         return self
+
+    def scrape(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        """Every sample its ``/metrics`` serves now: (name, labels) → value."""
+        assert self.metrics_port, "this operator serves no metrics"
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode()
+        return {
+            (s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

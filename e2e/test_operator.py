@@ -45,6 +45,11 @@ def _ready(k8s, ns, name, composition=None):
     return probe
 
 
+def _sample(samples, name, **labels):
+    """A sample of an operator's scrape (None: no such series)."""
+    return samples.get((name, frozenset(labels.items())))
+
+
 def _annotate_router(k8s, ns, name, router):
     k8s.kubectl(
         "annotate",
@@ -71,6 +76,22 @@ def test_helm_lint_and_template_are_clean(k8s, tmp_path):
             k8s, "template", "t", str(ops.CHART), "-n", "x", *extra, home=tmp_path
         ).stdout
         assert "kind: Deployment" in out and "kind: NetworkPolicy" in out
+        if extra:
+            # The operator's metrics: served, exposed by a Service, scraped, let through.
+            docs = [d for d in yaml.safe_load_all(out) if d]
+            (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+            (container,) = dep["spec"]["template"]["spec"]["containers"]
+            assert "--metrics-listen=0.0.0.0:9464" in container["args"]
+            monitors = {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceMonitor"}
+            assert monitors == {"t-vertumnus-operator", "t-vertumnus-operator-routers"}
+            (svc,) = [d for d in docs if d["metadata"]["name"] == "t-vertumnus-operator-metrics"]
+            assert svc["spec"]["ports"][0]["port"] == 9464
+            (policy,) = [
+                d
+                for d in docs
+                if d["metadata"]["name"] == "t-vertumnus-operator" and d["kind"] == "NetworkPolicy"
+            ]
+            assert policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 9464}]}]
     bad = ops.helm(
         k8s,
         "template",
@@ -359,7 +380,24 @@ def test_demand_splits_then_merges_with_the_same_pods(k8s, operator, namespace, 
         assert reasons.count("Committed") == 4
         described = k8s.kubectl("describe", "cppool", "elastic", "-n", namespace).stdout
         assert "split committed under epoch 2" in described
+        # The operator's /metrics: what the status says, and every look and commit counted.
+        at = {"namespace": namespace, "pool": "elastic"}
+        m = operator.scrape()
+        assert _sample(m, "vertumnus_pool_epoch", **at) == 5
+        assert _sample(m, "vertumnus_operator_pool_workers", **at, degree="8") == 2
+        assert _sample(m, "vertumnus_operator_pool_workers", **at, degree="4") is None
+        assert _sample(m, "vertumnus_operator_pool_phase", **at, phase="Ready") == 1
+        assert _sample(m, "vertumnus_operator_pool_ready_gpus", **at) == 16
+        assert _sample(m, "vertumnus_reconfigurations_total", **at, kind="split") == 2
+        assert _sample(m, "vertumnus_reconfigurations_total", **at, kind="merge") == 2
+        assert _sample(m, "vertumnus_controller_decision_seconds_count", **at) >= 2
         k8s.kubectl("delete", "cppool", "elastic", "-n", namespace, "--timeout=30s")
+        # A deleted pool's series go with it.
+        wait_for(
+            "the pool's series to go",
+            10,
+            lambda: _sample(operator.scrape(), "vertumnus_pool_epoch", **at) is None,
+        )
 
 
 def test_the_what_if_check_looks_between_windows(k8s, operator, namespace, fake_router):
@@ -705,6 +743,12 @@ def test_a_new_engine_image_rolls_the_domain_pods_one_at_a_time(
         reasons = [e["reason"] for e in events(k8s, namespace, "rolling")]
         assert reasons.count("DomainPodReplaced") == 2, reasons
         assert "NeedsNewPods" not in reasons, reasons
+        at = {"namespace": namespace, "pool": "rolling"}
+        m = operator.scrape()
+        assert _sample(m, "vertumnus_operator_domain_pods_replaced_total", **at) == 2
+        assert _sample(m, "vertumnus_operator_domain_update_seconds_count", **at) == 2
+        assert _sample(m, "vertumnus_operator_domain_update_seconds_sum", **at) >= 1.0
+        assert _sample(m, "vertumnus_operator_pool_outdated_pods", **at) == 0
         k8s.kubectl("delete", "cppool", "rolling", "-n", namespace, "--timeout=30s")
 
 

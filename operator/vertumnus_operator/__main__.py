@@ -3,7 +3,8 @@
 ::
 
     python -m vertumnus.operator run [--namespace NS ...] [--standalone] [--priority N]
-                                     [--peering NAME] [--liveness URL] [--verbose]
+                                     [--peering NAME] [--liveness URL] [--metrics-listen HOST:PORT]
+                                     [--verbose]
     python -m vertumnus.operator crds [--write]      # print the CRDs; --write refreshes crds/'s copies
     python -m vertumnus.operator render -f cppool.yaml [--uid UID]   # the objects a CPPool becomes
 
@@ -69,6 +70,9 @@ def _run(args: argparse.Namespace) -> int:
         "off" if args.standalone else args.peering,
         priority,
     )
+    memo = kopf.Memo()
+    if args.metrics_listen:
+        memo["metrics"] = _serve_metrics(args.metrics_listen)
     from vertumnus.gcfreeze import freeze_startup
 
     # kopf, the Kubernetes client and the core (~87,000 objects, 26 ms a walk), out of
@@ -83,8 +87,23 @@ def _run(args: argparse.Namespace) -> int:
         liveness_endpoint=args.liveness,
         clusterwide=not args.namespace,
         namespaces=args.namespace or (),
+        memo=memo,
     )
     return 0
+
+
+def _serve_metrics(listen: str) -> object:
+    """The operator's metrics, served on ``listen`` (HOST:PORT)."""
+    from vertumnus.operator.metrics import OperatorMetrics
+
+    metrics = OperatorMetrics()
+    try:
+        port = metrics.serve(listen)
+    except ValueError as e:
+        raise SystemExit(f"vertumnus operator: error: {e}") from None
+    host = listen.rpartition(":")[0] or "0.0.0.0"
+    logging.getLogger("vertumnus.operator").info("metrics: http://%s:%d/metrics", host, port)
+    return metrics
 
 
 def packaged_crds() -> list[tuple[str, str]]:
@@ -200,6 +219,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     r.add_argument(
         "--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
+    )
+    r.add_argument(
+        "--metrics-listen",
+        default="",
+        help="HOST:PORT of the Prometheus /metrics endpoint, e.g. 0.0.0.0:9464 (default: none)",
     )
     r.add_argument("--verbose", action="store_true")
     c = sub.add_parser("crds", help="print the CRDs (the package's copy of crds/*.yaml)")

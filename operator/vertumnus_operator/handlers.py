@@ -12,6 +12,9 @@ registry on import, which is what ``kopf run`` reads.
   pause), so two replicas never both act.
 - ``@kopf.on.delete``: the finalizer's work — delete what the pool made (owner references
   would let the garbage collector do it too, later; this makes it prompt and explicit).
+- The operator's metrics (:class:`~vertumnus.operator.metrics.OperatorMetrics`) come in
+  the operator-level memo (``kopf.run(memo=kopf.Memo(metrics=...))``), which kopf copies
+  into every object's memo; without one, no pool exports series.
 - ``@kopf.on.startup``: kopf's own bookkeeping goes to ``operator.vertumnus.io/*``
   annotations, its finalizer is ``vertumnus.io/finalizer``, and only its warnings become
   Events (the operator posts its own story, :mod:`vertumnus.operator.events`).
@@ -91,6 +94,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
         memo: Any,
         **_: Any,
     ) -> None:
+        metrics = memo.get("metrics")  # OperatorMetrics, from kopf.run(memo=...)
         runtime = PoolRuntime(
             memo["kube"],
             name,
@@ -98,6 +102,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
             uid,
             wake=_wake_event(memo),
             seen=lambda: memo.get("seen_version"),
+            metrics=None if metrics is None else metrics.pool(namespace or "default", name),
         )
         await runtime.run(stopped)
 

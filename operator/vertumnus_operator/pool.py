@@ -52,6 +52,7 @@ from vertumnus.operator.crd import (
 )
 from vertumnus.operator.events import KubeEvents
 from vertumnus.operator.kube import KubeClient, NotFound, object_path
+from vertumnus.operator.metrics import PoolMetrics
 from vertumnus.operator.reconcile import Reconciler
 from vertumnus.operator.record import LostRecord, Record, decode_record
 from vertumnus.operator.repairs import Repairs
@@ -116,8 +117,11 @@ class PoolRuntime:
         clock: Any = time.time,
         wake: asyncio.Event | None = None,
         seen: Any = None,
+        metrics: PoolMetrics | None = None,
     ) -> None:
         self.kube = kube
+        self.metrics = metrics
+        """The pool's Prometheus series (:mod:`.metrics`; None: not exported)."""
         self.name = name
         self.namespace = namespace
         self.owner = res.Owner(name, namespace, uid)
@@ -169,6 +173,8 @@ class PoolRuntime:
                     raise
                 except Exception as e:  # a step that failed is retried: log, report, back off
                     log.exception("%s/%s: step failed", self.namespace, self.name)
+                    if self.metrics is not None:
+                        self.metrics.step_failed(type(e).__name__)
                     await self._say_once(
                         f"error:{type(e).__name__}:{e}",
                         "Warning",
@@ -183,6 +189,8 @@ class PoolRuntime:
                 await self._sleep(stopped, interval)
         finally:
             await self.reset()
+            if self.metrics is not None:
+                self.metrics.forget()
 
     async def _sleep(self, stopped: Stopped, seconds: float) -> None:
         """Until ``seconds`` pass, the daemon is stopped, or the CPPool changes (other
@@ -393,6 +401,7 @@ class PoolRuntime:
             self.events,
             self.reconciler.annotate,
             controller=controller,
+            metrics=self.metrics,
             drain_timeout_s=float(spec.controller.drain_timeout_seconds),
             switch_timeout_s=SWITCH_TIMEOUT_S[spec.engine.kind],
         )
@@ -532,7 +541,12 @@ class PoolRuntime:
     # ---- status ----------------------------------------------------------------------------
 
     def _view(self, record: Record) -> dict[str, Any]:
-        return build_status(record, self.obs, self.conditions, self.clock())
+        """The status of ``record`` as last observed; the pool's gauges follow it (every
+        status write renders it, the runner's at each phase of a transition too)."""
+        view = build_status(record, self.obs, self.conditions, self.clock())
+        if self.metrics is not None:
+            self.metrics.status(view, len(self.reconciler.outdated), self.obs.problems)
+        return view
 
     async def _observed(self, obs: Observation) -> None:
         before = self.obs
@@ -754,7 +768,7 @@ class PoolRuntime:
         try:
             if isinstance(action, rollout.Drain):
                 if action.domain not in r.domains:
-                    r.begin(action.domain, action.workers)
+                    r.begin(action.domain, action.workers, time.monotonic())
                     await self.events.post(
                         "Normal",
                         "RollingUpdate",
@@ -775,7 +789,10 @@ class PoolRuntime:
             elif isinstance(action, rollout.Resume):
                 admin = self._admin_now()
                 await asyncio.gather(*(admin.resume(w) for w in action.workers))
+                replacing = r.domains[action.domain]
                 r.finish(action.domain)
+                if self.metrics is not None and replacing.deleted:
+                    self.metrics.domain_replaced(time.monotonic() - replacing.began)
                 await self.events.post(
                     "Normal",
                     "DomainPodReplaced",

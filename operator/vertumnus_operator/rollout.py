@@ -42,6 +42,8 @@ class Replacing:
 
     workers: tuple[int, ...]
     """Its workers when it began: drained, to be resumed."""
+    began: float = 0.0
+    """When it began, on the caller's clock (for the update's duration)."""
     deleted: bool = False
     """Its outdated pod was deleted (the reconciler creates the new one)."""
 
@@ -59,8 +61,8 @@ class Rollout:
         """Every worker of the domains being replaced."""
         return tuple(w for d in sorted(self.domains) for w in self.domains[d].workers)
 
-    def begin(self, domain: int, workers: Sequence[int]) -> None:
-        self.domains[domain] = Replacing(tuple(workers))
+    def begin(self, domain: int, workers: Sequence[int], now: float = 0.0) -> None:
+        self.domains[domain] = Replacing(tuple(workers), now)
 
     def finish(self, domain: int) -> None:
         del self.domains[domain]

@@ -29,7 +29,10 @@ from vertumnus.operator.gang import GangStatus
 from vertumnus.operator.kube import Conflict, KubeClient, object_path
 from vertumnus.operator.record import LostRecord, Record, encode_record
 
-__all__ = ["Observation", "Problem", "StatusStore", "build_status", "condition", "iso"]
+__all__ = ["PHASES", "Observation", "Problem", "StatusStore", "build_status", "condition", "iso"]
+
+PHASES = ("Pending", "Unschedulable", "Ready", "Updating", "Degraded", "Draining", "Switching")
+"""Every ``status.phase`` :func:`build_status` writes (the printer column's values)."""
 
 
 def iso(ts: float) -> str:

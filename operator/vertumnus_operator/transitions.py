@@ -36,10 +36,11 @@ from typing import Any, Protocol
 from vertumnus.core import planner
 from vertumnus.core import transition as tr
 from vertumnus.core.control import Controller, Tick
-from vertumnus.core.lattice import Slot
+from vertumnus.core.lattice import Layout, Slot
 from vertumnus.core.types import Composition
 from vertumnus.operator import controller as ctl
 from vertumnus.operator.events import EventSink
+from vertumnus.operator.metrics import PoolMetrics
 from vertumnus.operator.record import Record, RecordStore
 from vertumnus.operator.routerapi import AdminError, Window
 
@@ -60,6 +61,16 @@ Annotator = Callable[[int, Sequence[Slot], int], Awaitable[None]]
 """``annotate(domain, grouping, epoch)``: write the grouping onto the domain's pod."""
 
 
+def _timed_feed(
+    controller: Controller, window: Window, layout: Layout, in_flight: bool
+) -> tuple[Tick | None, float]:
+    """:func:`~vertumnus.operator.controller.feed`, and its wall time on the thread that
+    ran it (what ``vertumnus_controller_decision_seconds`` reports: not the wait for it)."""
+    began = time.perf_counter()
+    tick = ctl.feed(controller, window, layout, in_flight)
+    return tick, time.perf_counter() - began
+
+
 def _ids(slots: Sequence[Slot]) -> str:
     return ",".join(f"{s.worker}(CP{s.degree})" for s in slots)
 
@@ -78,6 +89,7 @@ class TransitionRunner:
         switch_timeout_s: float = 60.0,
         retry_s: float = 1.0,
         clock: Callable[[], float] = time.time,
+        metrics: PoolMetrics | None = None,
     ) -> None:
         self.record = record
         self.store = store
@@ -90,6 +102,7 @@ class TransitionRunner:
         """The router's own deadline for the engine's regroup (its ``switch_timeout_s``)."""
         self.retry_s = retry_s
         self.clock = clock
+        self.metrics = metrics
         self.lock = asyncio.Lock()
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._annotated: dict[int, int] = {}
@@ -135,9 +148,13 @@ class TransitionRunner:
             # On a thread: at 1,024 GPUs the what-if check replays for tens of ms, every
             # look, and the event loop serves every other pool meanwhile (the compiled
             # replay releases the GIL). The controller is only touched under the lock.
-            tick = await asyncio.to_thread(
-                ctl.feed, self.controller, window, pool.layout, bool(pool.transitions)
+            tick, seconds = await asyncio.to_thread(
+                _timed_feed, self.controller, window, pool.layout, bool(pool.transitions)
             )
+            if self.metrics is not None and tick is not None:
+                self.metrics.decided(
+                    seconds, None if tick.whatif is None else tick.whatif.verdict, tick.kappa
+                )
             ops = tick.ops if tick is not None else ()
             record = replace(self.record, hop=window.hop)
             if tick is not None and tick.whatif is not None:
@@ -355,6 +372,10 @@ class TransitionRunner:
             record = replace(record.forget(commit.transition), last_transition=last)
             record, started_actions = await self._begin(record, more)
             await self._write(record)
+            if self.metrics is not None:
+                self.metrics.committed(
+                    commit.kind, last["drainSeconds"], last["switchSeconds"], last["totalSeconds"]
+                )
             await self.events.post(
                 "Normal",
                 "Committed",

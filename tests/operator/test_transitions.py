@@ -17,12 +17,14 @@ from vertumnus.core.control import Controller
 from vertumnus.core.lattice import layout_for
 from vertumnus.core.types import Composition
 from vertumnus.operator.events import MemoryEvents
+from vertumnus.operator.metrics import OperatorMetrics
 from vertumnus.operator.record import MemoryStore, Record
 from vertumnus.operator.routerapi import RouterAdmin, Window
 from vertumnus.operator.transitions import TransitionRunner
 from vertumnus.profiles import load_capacity, load_model
 
 from .fake_router import FakeRouter
+from .promtext import scrape, series, value
 
 CAPACITY = load_capacity("qwen3-30b-a3b/h200")
 
@@ -43,10 +45,17 @@ class Pods:
         self.grouping[domain] = (epoch, tuple(grouping))
 
 
-def _runner(record, store, router, events, pods, controller=None):
+def _runner(record, store, router, events, pods, controller=None, metrics=None):
     admin = RouterAdmin([router.address])
     return TransitionRunner(
-        record, store, lambda: admin, events, pods.annotate, controller=controller, retry_s=0.01
+        record,
+        store,
+        lambda: admin,
+        events,
+        pods.annotate,
+        controller=controller,
+        retry_s=0.01,
+        metrics=metrics,
     ), admin
 
 
@@ -170,17 +179,22 @@ def test_the_controller_splits_under_load_and_merges_back(router):
     record, store = _fresh("2xCP8")
     router.set_layout([(s.worker, s.degree, s.domain, s.offset) for s in layout.slots])
     events, pods = MemoryEvents(), Pods()
+    metrics = OperatorMetrics()
+    looks = 0
 
     async def go():
-        runner, admin = _runner(record, store, router, events, pods, controller)
+        nonlocal looks
+        runner, admin = _runner(
+            record, store, router, events, pods, controller, metrics.pool("ns", "elastic")
+        )
         hop = 0
 
         async def hops(n, demand, requests, long_n, long_d):
-            nonlocal hop
+            nonlocal hop, looks
             for _ in range(n):
                 hop += 1
                 router.set_demand(demand, requests, long_n, long_d)
-                await runner.decide(await admin.take_window(hop))
+                looks += await runner.decide(await admin.take_window(hop)) is not None
                 await runner.wait()
 
         await hops(6, 3.0, 30, 0, 0.0)
@@ -197,6 +211,15 @@ def test_the_controller_splits_under_load_and_merges_back(router):
     assert reasons.count("Committed") == 4 and "Split" in reasons and "Merge" in reasons
     assert store.last.controller is not None and store.last.controller.pending == ()
     assert store.last.hop == 18
+    # What Prometheus reads: every look timed, each commit counted with its recorded parts.
+    s = scrape(metrics)
+    at = {"namespace": "ns", "pool": "elastic"}
+    assert looks > 0 and value(s, "vertumnus_controller_decision_seconds_count", **at) == looks
+    assert value(s, "vertumnus_reconfigurations_total", **at, kind="split") == 2
+    assert value(s, "vertumnus_reconfigurations_total", **at, kind="merge") == 2
+    assert value(s, "vertumnus_reconfiguration_total_seconds_count", **at, kind="merge") == 2
+    assert value(s, "vertumnus_reconfiguration_total_seconds_sum", **at, kind="merge") > 0
+    assert value(s, "vertumnus_controller_kappa", **at, degree="8") > 0
 
 
 def test_the_runner_records_the_what_if_check_of_the_listed_placements(router):
@@ -212,9 +235,12 @@ def test_the_runner_records_the_what_if_check_of_the_listed_placements(router):
     router.set_demand(0.5, 12)
     router.set_placed([(i / 12, 6000, 0, tuple(range(100 * i, 100 * i + 375))) for i in range(12)])
     events, pods = MemoryEvents(), Pods()
+    metrics = OperatorMetrics()
 
     async def go():
-        runner, admin = _runner(record, store, router, events, pods, controller)
+        runner, admin = _runner(
+            record, store, router, events, pods, controller, metrics.pool("ns", "p")
+        )
         for hop in (1, 2):
             await runner.decide(await admin.take_window(hop))
             await runner.wait()
@@ -229,6 +255,19 @@ def test_the_runner_records_the_what_if_check_of_the_listed_placements(router):
     # The controller's memory is recorded with the planner's state at every hop.
     assert store.last.memory == controller.memory()
     assert store.last.memory.evaluations == 2
+    s = scrape(metrics)
+    verdicts = series(s, "vertumnus_controller_whatif_total")
+    assert sum(value(s, "vertumnus_controller_whatif_total", **v) for v in verdicts) == 2
+    assert (
+        value(
+            s,
+            "vertumnus_controller_whatif_total",
+            namespace="ns",
+            pool="p",
+            verdict=check["verdict"],
+        )
+        >= 1
+    )
 
 
 def test_a_restarted_operators_controller_takes_its_memory_from_the_record():
