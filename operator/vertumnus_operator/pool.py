@@ -152,7 +152,10 @@ class PoolRuntime:
         """Every domain pod was ready once (a later loss is Degraded, not Pending)."""
         self.repairs = Repairs()
         self.rollout = Rollout()
-        """The rolling update of outdated domain pods in progress (:mod:`.rollout`)."""
+        """The rolling update of outdated domain pods in progress (:mod:`.rollout`),
+        recorded in ``status.state.rolling`` before each step is acted on."""
+        self.loaded = False
+        """The record was loaded once by this operator (a later load follows a reset)."""
         self.orphans_checked = False
         """This operator has resumed the workers a cut-short rolling update left drained."""
 
@@ -390,6 +393,8 @@ class PoolRuntime:
             layout = layout_for(spec.initial_composition(), spec.gpus_per_domain)
             record = Record(tr.initial_pool(layout))
         self.conditions = list(status.get("conditions") or [])
+        self.rollout.restore(record.rolling, time.monotonic())
+        first, self.loaded = not self.loaded, True
         self.store = StatusStore(
             self.kube, self.namespace, self.name, self._view, obj["metadata"]["resourceVersion"]
         )
@@ -413,6 +418,13 @@ class PoolRuntime:
                 f"pool of {spec.gpus} GPUs in {spec.domains} domain pods of {spec.gpus_per_domain}; "
                 f"initial composition {record.pool.layout.composition} (epoch {record.pool.epoch}); "
                 f"gang backend {spec.gang.backend}",
+            )
+        elif record.rolling and first:
+            await self.events.post(
+                "Normal",
+                "Resumed",
+                "operator (re)started during a rolling update of the domain pods: carrying on "
+                f"with domain(s) {[d for d, _, _ in record.rolling]}",
             )
         elif record.pool.transitions:
             await self.events.post(
@@ -769,6 +781,7 @@ class PoolRuntime:
             if isinstance(action, rollout.Drain):
                 if action.domain not in r.domains:
                     r.begin(action.domain, action.workers, time.monotonic())
+                    await self._record_rollout()
                     await self.events.post(
                         "Normal",
                         "RollingUpdate",
@@ -782,8 +795,9 @@ class PoolRuntime:
                 timeout = min(5.0, float(spec.controller.drain_timeout_seconds))
                 drained = await asyncio.gather(*(admin.drain(w, timeout) for w in action.workers))
                 if all(drained):
-                    await self._delete_pod(action.domain)
                     r.domains[action.domain].deleted = True
+                    await self._record_rollout()
+                    await self._delete_pod(action.domain)
             elif isinstance(action, rollout.Delete):
                 await self._delete_pod(action.domain)
             elif isinstance(action, rollout.Resume):
@@ -791,6 +805,7 @@ class PoolRuntime:
                 await asyncio.gather(*(admin.resume(w) for w in action.workers))
                 replacing = r.domains[action.domain]
                 r.finish(action.domain)
+                await self._record_rollout()
                 if self.metrics is not None and replacing.deleted:
                     self.metrics.domain_replaced(time.monotonic() - replacing.began)
                 await self.events.post(
@@ -803,6 +818,10 @@ class PoolRuntime:
             log.warning(
                 "%s/%s: rolling update of %s: %s; retrying", self.namespace, self.name, pod, e
             )
+
+    async def _record_rollout(self) -> None:
+        assert self.runner is not None
+        await self.runner.record_rolling(self.rollout.recorded())
 
     async def _delete_pod(self, domain: int) -> None:
         path = object_path("v1", "pods", self.namespace, res.pod_name(self.name, domain))

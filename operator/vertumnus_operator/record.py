@@ -2,7 +2,8 @@
 
 A :class:`Record` is the pool state of the transition state machine, the planner's state,
 the controller's own memory (its flaps, streaks and a move's goal), the last hop the
-controller took, and when each transition began. It lives in
+controller took, when each transition began, and the domain pods a rolling update is
+replacing. It lives in
 ``status.state`` of the CPPool (:class:`vertumnus.operator.status.StatusStore` writes it,
 with a resourceVersion precondition) and is written **before** the operator acts on it:
 the Drain calls of a transition only go out once the transition is recorded in Draining,
@@ -24,6 +25,7 @@ from vertumnus.core import planner
 from vertumnus.core import transition as tr
 from vertumnus.core.memory import Memory
 from vertumnus.operator import serialize
+from vertumnus.operator.rollout import Recorded
 
 __all__ = ["LostRecord", "MemoryStore", "Record", "RecordStore", "decode_record", "encode_record"]
 
@@ -47,6 +49,9 @@ class Record:
     """(transition id, wall-clock start) of the transitions in flight."""
     drained_at: tuple[tuple[int, float], ...] = ()
     """(transition id, wall-clock time all its workers were drained)."""
+    rolling: Recorded = ()
+    """The domain pods a rolling update is replacing: (domain, its workers, its pod
+    deleted) (:mod:`vertumnus.operator.rollout`)."""
     last_transition: dict[str, Any] | None = field(default=None, compare=False)
     """The last committed transition, for the status (and the benchmark)."""
     last_check: dict[str, Any] | None = field(default=None, compare=False)
@@ -79,24 +84,59 @@ def encode_record(r: Record) -> dict[str, Any]:
         "memory": None if r.memory is None else serialize.encode_memory(r.memory),
         "hop": r.hop,
         "seq": r.seq,
-        "started": {str(t): when for t, when in r.started},
-        "drainedAt": {str(t): when for t, when in r.drained_at},
+        # Lists, not maps keyed by transition id: the status is written as a JSON merge
+        # patch, which keeps every key it does not name, so a map would keep the ids of
+        # every transition ever made and grow the CPPool toward etcd's size limit.
+        "started": [[t, when] for t, when in r.started],
+        "drainedAt": [[t, when] for t, when in r.drained_at],
+        "rolling": [
+            {"domain": d, "workers": list(workers), "deleted": deleted}
+            for d, workers, deleted in r.rolling
+        ],
     }
+
+
+def _times(raw: Any, in_flight: set[int]) -> tuple[tuple[int, float], ...]:
+    """(transition id, time) pairs of the transitions in flight, from a list of pairs or
+    from the map a record written before 2026-12-05 holds (with the ids of transitions
+    long over: dropped here, and gone from the status at the next write)."""
+    pairs = raw.items() if isinstance(raw, dict) else (raw or ())
+    return tuple((int(t), float(w)) for t, w in pairs if int(t) in in_flight)
 
 
 def decode_record(raw: dict[str, Any], last_transition: dict[str, Any] | None = None) -> Record:
     ctrl = raw.get("controller")
     memory = raw.get("memory")
+    pool = serialize.decode_pool(raw["pool"])
+    in_flight = {t.id for t in pool.transitions}
     return Record(
-        pool=serialize.decode_pool(raw["pool"]),
+        pool=pool,
         controller=None if ctrl is None else serialize.decode_controller(ctrl),
         memory=None if memory is None else serialize.decode_memory(memory),
         hop=int(raw.get("hop", 0)),
         seq=int(raw.get("seq", 0)),
-        started=tuple((int(t), float(w)) for t, w in (raw.get("started") or {}).items()),
-        drained_at=tuple((int(t), float(w)) for t, w in (raw.get("drainedAt") or {}).items()),
+        started=_times(raw.get("started"), in_flight),
+        drained_at=_times(raw.get("drainedAt"), in_flight),
+        rolling=_rolling(raw.get("rolling")),
         last_transition=last_transition,
     )
+
+
+def _rolling(raw: Any) -> Recorded:
+    where = "status.state.rolling"
+    if raw is None:
+        return ()  # a record written before rolling updates were recorded
+    if not isinstance(raw, list):
+        raise serialize.StateError(f"{where}: expected a list, got {raw!r}")
+    out = []
+    for i, r in enumerate(raw):
+        try:
+            out.append((int(r["domain"]), tuple(int(w) for w in r["workers"]), bool(r["deleted"])))
+        except (KeyError, TypeError, ValueError):
+            raise serialize.StateError(
+                f"{where}[{i}]: expected {{domain, workers, deleted}}, got {r!r}"
+            ) from None
+    return tuple(out)
 
 
 class RecordStore(Protocol):

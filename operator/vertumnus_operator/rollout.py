@@ -19,10 +19,15 @@ No request is lost: queued ones move before the pod goes, running ones finish fi
 The pool serves on the other domains meanwhile, and the controller takes no decision
 until the update is over (its windows would read a pool short of a domain).
 
-What is in flight is kept in memory (:class:`Rollout`). An operator restarted in
-between starts the domain again if its pod is still outdated (the drain is idempotent),
-and resumes any worker the routers report draining that no transition holds
-(:func:`orphans`): what a rollout stopped by the restart left drained.
+What is in flight (:class:`Rollout`) is recorded in ``status.state.rolling`` before it
+is acted on: a domain before its first drain, its deletion before the pod is deleted, its
+end after its workers are resumed. An operator restarted in between carries on from the
+record (:meth:`Rollout.restore`): a domain whose new pod is still starting stays
+``Updating``, not lost; one whose pod is still outdated is drained (idempotent) and
+deleted again; one that was resumed already is resumed again (idempotent). Once per
+operator it also resumes any worker the routers report draining that neither a
+transition nor the update holds (:func:`orphans`): one left drained by an operator
+older than the record, or drained by hand.
 
 :func:`next_actions` is the pure decision; ``PoolRuntime`` (:mod:`vertumnus.operator.pool`)
 carries it out.
@@ -33,7 +38,12 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Delete", "Drain", "Resume", "Rollout", "Wait", "next_actions", "orphans"]
+__all__ = [
+    "Delete", "Drain", "Recorded", "Resume", "Rollout", "Wait", "next_actions", "orphans",
+]  # fmt: skip
+
+Recorded = tuple[tuple[int, tuple[int, ...], bool], ...]
+"""What ``status.state.rolling`` keeps: (domain, its workers, its pod deleted) by domain."""
 
 
 @dataclass
@@ -63,6 +73,17 @@ class Rollout:
 
     def begin(self, domain: int, workers: Sequence[int], now: float = 0.0) -> None:
         self.domains[domain] = Replacing(tuple(workers), now)
+
+    def recorded(self) -> Recorded:
+        return tuple((d, r.workers, r.deleted) for d, r in sorted(self.domains.items()))
+
+    def restore(self, recorded: Recorded, now: float) -> None:
+        """The domains of ``recorded`` being replaced (an operator restarted mid-update,
+        or reloading after a failed step); one not known here counts as begun at ``now``."""
+        began = {d: r.began for d, r in self.domains.items()}
+        self.domains = {
+            d: Replacing(tuple(ws), began.get(d, now), deleted) for d, ws, deleted in recorded
+        }
 
     def finish(self, domain: int) -> None:
         del self.domains[domain]

@@ -42,6 +42,7 @@ from vertumnus.operator import controller as ctl
 from vertumnus.operator.events import EventSink
 from vertumnus.operator.metrics import PoolMetrics
 from vertumnus.operator.record import Record, RecordStore
+from vertumnus.operator.rollout import Recorded
 from vertumnus.operator.routerapi import AdminError, Window
 
 __all__ = ["Admin", "Annotator", "TransitionRunner"]
@@ -126,6 +127,12 @@ class TransitionRunner:
         """Record the current state (e.g. after the controller changed its streaks)."""
         async with self.lock:
             await self._write(self.record)
+
+    async def record_rolling(self, rolling: Recorded) -> None:
+        """Record the domain pods a rolling update is replacing (before acting on them)."""
+        async with self.lock:
+            if rolling != self.record.rolling:
+                await self._write(replace(self.record, rolling=rolling))
 
     @property
     def busy(self) -> bool:

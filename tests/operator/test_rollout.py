@@ -6,12 +6,17 @@ real router and engine in ``e2e/test_operator_real_pool.py``); these pin each de
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from vertumnus.core import transition as tr
 from vertumnus.core.lattice import layout_for
 from vertumnus.core.types import Composition
 from vertumnus.operator import rollout
 from vertumnus.operator.gang import GangStatus
-from vertumnus.operator.record import Record
+from vertumnus.operator.record import Record, decode_record, encode_record
+from vertumnus.operator.serialize import StateError
 from vertumnus.operator.status import Observation, Problem, build_status
 
 WORKERS = {0: [0, 1], 1: [2], 2: [3]}
@@ -108,3 +113,47 @@ def test_a_domain_still_draining_when_the_spec_reverts_is_resumed_not_replaced()
     r = rollout.Rollout()
     r.begin(0, (0, 1))
     assert _next(r, outdated=(1, 2)) == [rollout.Resume(0, (0, 1))]
+
+
+def test_an_update_restored_from_the_record_carries_on_where_it_was():
+    """An operator restarted mid-update reads ``status.state.rolling``: a domain whose new
+    pod is starting waits (it is not lost), one whose pod was never deleted is drained
+    again, and the record round-trips through the status as JSON."""
+    r = rollout.Rollout()
+    r.begin(0, (0, 1), now=5.0)
+    r.domains[0].deleted = True
+    r.begin(1, (2,), now=7.0)
+    layout = layout_for(Composition.parse("2xCP4+2xCP8"), 8)
+    record = Record(tr.initial_pool(layout), rolling=r.recorded())
+    raw = json.loads(json.dumps(encode_record(record)))
+    assert raw["rolling"] == [
+        {"domain": 0, "workers": [0, 1], "deleted": True},
+        {"domain": 1, "workers": [2], "deleted": False},
+    ]
+    back = decode_record(raw)
+    assert back.rolling == record.rolling
+
+    again = rollout.Rollout()
+    again.restore(back.rolling, now=100.0)
+    assert again.recorded() == r.recorded() and again.domains[1].began == 100.0
+    # Domain 0's new pod is not ready yet, domain 1's pod is still outdated.
+    acts = _next(again, outdated=(1, 2), ready={1, 2}, at_once=2)
+    assert acts == [rollout.Drain(1, (2,))]
+    assert _next(again, outdated=(1, 2), ready=ALL, at_once=2) == [
+        rollout.Resume(0, (0, 1)),
+        rollout.Drain(1, (2,)),
+    ]
+    # A reload in the same operator keeps when each domain began.
+    again.restore(back.rolling, now=200.0)
+    assert again.domains[1].began == 100.0
+
+
+def test_a_record_without_an_update_or_with_a_bad_one():
+    layout = layout_for(Composition.parse("2xCP8"), 8)
+    raw = encode_record(Record(tr.initial_pool(layout)))
+    assert raw["rolling"] == []
+    del raw["rolling"]  # written before updates were recorded
+    assert decode_record(raw).rolling == ()
+    raw["rolling"] = [{"domain": 0, "workers": "all"}]
+    with pytest.raises(StateError, match=r"status.state.rolling\[0\]: expected"):
+        decode_record(raw)

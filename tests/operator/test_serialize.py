@@ -75,9 +75,25 @@ def test_a_controller_state_mid_transition_round_trips():
     assert state.pending and state.plan and state.target is not None  # a rich state
     raw = json.loads(json.dumps(serialize.encode_controller(state)))
     assert serialize.decode_controller(raw) == state
-    record = Record(tr.initial_pool(layout), state, hop=8, seq=3, started=((1, 12.5),))
+    pool, t, _ = tr.begin(tr.initial_pool(layout), planner.Split(0, "test"))
+    record = Record(pool, state, hop=8, seq=3, started=((t.id, 12.5),), drained_at=((t.id, 13.0),))
     again = decode_record(json.loads(json.dumps(encode_record(record))))
     assert again == record
+
+
+def test_a_record_keeps_the_times_of_transitions_in_flight_only():
+    """The status is written as a JSON merge patch, which keeps the keys it does not name:
+    times kept in a map by transition id grew by one entry per transition, forever. They
+    are lists now, and the map an older operator wrote is read without its stale ids."""
+    layout = layout_for(planner.Composition.parse("2xCP8"), 8)
+    pool, t, _ = tr.begin(tr.initial_pool(layout), planner.Split(0, "test"))
+    raw = encode_record(Record(pool, started=((t.id, 5.0),)))
+    assert raw["started"] == [[t.id, 5.0]] and raw["drainedAt"] == []
+    raw["started"] = {"90": 1.0, "91": 2.0, str(t.id): 5.0}  # as written before 2026-12-05
+    raw["drainedAt"] = {"91": 2.5}
+    back = decode_record(json.loads(json.dumps(raw)))
+    assert back.started == ((t.id, 5.0),) and back.drained_at == ()
+    assert encode_record(back)["started"] == [[t.id, 5.0]]
 
 
 def test_the_planner_never_has_a_replacement_pending():
