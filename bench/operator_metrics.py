@@ -49,23 +49,19 @@ def main() -> None:
     layout = layout_for(Composition.parse(f"{cp4}xCP4+{cp8}xCP8"), 8)
     domains = args.gpus // 8
     record = Record(tr.initial_pool(layout))
-    view = build_status(
-        record, Observation(domains=domains, ready_domains=set(range(domains))), [], 0.0
-    )
-
     ready = Observation(domains=domains, ready_domains=set(range(domains)))
     view = build_status(record, ready, [], 0.0)
 
     metrics = OperatorMetrics()
     pools = [metrics.pool("bench", f"pool-{i}") for i in range(args.pools)]
     for pool in pools:
-        pool.status(view, 0, [])
+        pool.status(view, [])
         for _ in range(args.looks):
             pool.decided(0.03, "stay", {4: 1.0, 8: 2.0})
             pool.committed("split", 1.0, 0.5, 1.5)
 
     render = _ms(lambda: build_status(record, ready, [], 0.0), args.repeat)
-    gauges = _ms(lambda: pools[0].status(view, 0, []), args.repeat)
+    gauges = _ms(lambda: pools[0].status(view, []), args.repeat)
 
     def copy() -> None:
         with metrics.lock:

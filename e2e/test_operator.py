@@ -864,6 +864,56 @@ def test_max_unavailable_domains_roll_together(k8s, operator, namespace, fake_ro
         k8s.kubectl("delete", "cppool", "together", "-n", namespace, "--timeout=30s")
 
 
+def test_a_partition_rolls_a_canary_domain_first(k8s, operator, namespace, fake_router):
+    """partition 1 of 2 domains: only domain 1 takes the new image (a canary); the pool is
+    Ready with 1 of 2 domains updated; partition 0 rolls domain 0 too."""
+    with gpu_nodes(k8s, 2) as label:
+        spec = {"updateStrategy": {"rollingUpdate": {"partition": 1}}}
+        ops.apply(k8s, cppool("canary", namespace, 16, label, **spec))
+        wait_for("Ready", 30, _ready(k8s, namespace, "canary"))
+        _annotate_router(k8s, namespace, "canary", fake_router)
+        old = {
+            p["metadata"]["name"]: p["metadata"]["uid"]
+            for p in engine_pods(k8s, namespace, "canary")
+        }
+        image = ops.set_engine_image(k8s, namespace, "canary")
+
+        def canary_done():
+            st = pool_status(k8s, namespace, "canary")
+            pods = {p["metadata"]["name"]: p for p in engine_pods(k8s, namespace, "canary")}
+            d1 = pods.get("canary-d1")
+            if (
+                st.get("phase") != "Ready"
+                or d1 is None
+                or d1["metadata"]["uid"] == old["canary-d1"]
+            ):
+                return None
+            return st, pods
+
+        st, pods = wait_for("the canary domain rolled", 30, canary_done)
+        time.sleep(1.5)  # nothing more may happen
+        st = pool_status(k8s, namespace, "canary")
+        assert st["phase"] == "Ready" and st["updatedDomains"] == 1 and st["domains"] == 2, st
+        images = {
+            p["metadata"]["name"]: p["spec"]["containers"][0]["image"]
+            for p in engine_pods(k8s, namespace, "canary")
+        }
+        assert images["canary-d1"] == image and images["canary-d0"] != image, images
+        assert _uids(k8s, namespace, "canary")[0] == old["canary-d0"]
+        wide = k8s.kubectl("get", "cppool", "canary", "-n", namespace, "-o", "wide").stdout
+        assert "UPDATED" in wide.splitlines()[0], wide
+        m = operator.scrape()
+        at = {"namespace": namespace, "pool": "canary"}
+        assert _sample(m, "vertumnus_operator_pool_outdated_pods", **at) == 1
+        k8s.kubectl(
+            "patch", "cppool", "canary", "-n", namespace, "--type=merge",
+            "-p", json.dumps({"spec": {"updateStrategy": {"rollingUpdate": {"partition": 0}}}}),
+        )  # fmt: skip
+        st = wait_for("the rest rolled", 30, lambda: ops.rolled_to(k8s, namespace, "canary", image))
+        assert st["updatedDomains"] == 2
+        k8s.kubectl("delete", "cppool", "canary", "-n", namespace, "--timeout=30s")
+
+
 def test_on_delete_leaves_outdated_pods_until_deleted_by_hand(
     k8s, operator, namespace, fake_router
 ):

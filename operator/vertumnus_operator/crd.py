@@ -179,6 +179,9 @@ class UpdateStrategySpec:
     deleted by hand (StatefulSet's two strategies)."""
     max_unavailable: int = 1
     """``rollingUpdate.maxUnavailable``: domain pods replaced at once, at most."""
+    partition: int = 0
+    """``rollingUpdate.partition``: only domains at or above it are replaced (a canary);
+    those below keep their older spec until it is lowered (StatefulSet's partition)."""
 
 
 @dataclass(frozen=True)
@@ -561,9 +564,11 @@ def parse_spec(
     )
     u = _obj(raw, "updateStrategy", p)
     up = f"{p}.updateStrategy"
+    ru = _obj(u, "rollingUpdate", up)
     update_strategy = UpdateStrategySpec(
         _str(u, "type", up, "RollingUpdate", UPDATE_STRATEGIES),
-        _int(_obj(u, "rollingUpdate", up), "maxUnavailable", f"{up}.rollingUpdate", 1, 1, 4096),
+        _int(ru, "maxUnavailable", f"{up}.rollingUpdate", 1, 1, 4096),
+        _int(ru, "partition", f"{up}.rollingUpdate", 0, 0, 4096),
     )
     spec = PoolSpec(
         gpus=gpus,

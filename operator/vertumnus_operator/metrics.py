@@ -132,9 +132,10 @@ class PoolMetrics:
 
     # ---- what the pool's loop reports ------------------------------------------------------
 
-    def status(self, view: Mapping[str, Any], outdated: int, problems: Sequence[Problem]) -> None:
+    def status(self, view: Mapping[str, Any], problems: Sequence[Problem]) -> None:
         """The gauges from the status just rendered (:func:`~vertumnus.operator.status.
-        build_status`), the pool's outdated pods and its problems."""
+        build_status`) and the problems its conditions came from."""
+        outdated = int(view.get("domains") or 0) - int(view.get("updatedDomains") or 0)
         workers: dict[int, int] = {}
         for w in view.get("workers") or ():
             workers[int(w["degree"])] = workers.get(int(w["degree"]), 0) + 1

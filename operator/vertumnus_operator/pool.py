@@ -288,6 +288,7 @@ class PoolRuntime:
         problems = await self.reconciler.apply(effective, layout, runner.record.pool.epoch)
         obs = await self.reconciler.observe(effective)
         obs.generation = generation
+        obs.outdated = len(self.reconciler.stale)
         actions = rollout.next_actions(
             self.rollout,
             self.reconciler.outdated,
@@ -297,6 +298,7 @@ class PoolRuntime:
             spec.update_strategy.max_unavailable,
             runner.busy,
             self.admin is not None,
+            spec.update_strategy.partition,
         )
         obs.updating = self.rollout.workers
         obs.problems = (
@@ -508,12 +510,19 @@ class PoolRuntime:
             )
         if (old.engine, old.gang, old.scheduling) != (spec.engine, spec.gang, spec.scheduling):
             if spec.update_strategy.type == "RollingUpdate" and old.gang == spec.gang:
+                partition = spec.update_strategy.partition
                 await self.events.post(
                     "Normal",
                     "RollingUpdate",
                     "spec.engine or spec.scheduling changed: the domain pods are replaced, "
                     f"{spec.update_strategy.max_unavailable} at a time, each after its workers "
-                    "are drained at the routers (updateStrategy RollingUpdate)",
+                    "are drained at the routers (updateStrategy RollingUpdate)"
+                    + (
+                        f"; only domains {partition} and above (rollingUpdate.partition): the "
+                        "others keep the older spec until it is lowered"
+                        if partition
+                        else ""
+                    ),
                 )
             else:
                 msg = (
@@ -557,7 +566,7 @@ class PoolRuntime:
         status write renders it, the runner's at each phase of a transition too)."""
         view = build_status(record, self.obs, self.conditions, self.clock())
         if self.metrics is not None:
-            self.metrics.status(view, len(self.reconciler.outdated), self.obs.problems)
+            self.metrics.status(view, self.obs.problems)
         return view
 
     async def _observed(self, obs: Observation) -> None:

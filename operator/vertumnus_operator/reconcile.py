@@ -81,6 +81,9 @@ class Reconciler:
         self.outdated: list[int] = []
         """Domains whose pod runs an older spec and that a rolling update may replace
         (found by the last :meth:`apply`; the gang object and the domains unchanged)."""
+        self.stale: list[int] = []
+        """Domains whose pod runs an older spec, whatever the update strategy (the status's
+        ``updatedDomains`` is the rest)."""
 
     def gang(self, spec: PoolSpec) -> GangBackend:
         return backend_for(spec.gang.backend, spec.gang.queue)
@@ -115,6 +118,7 @@ class Reconciler:
             await self._delete_redis()
 
         self.outdated = []
+        self.stale = []
         gang = self.gang(spec)
         if not await self._gang_usable(gang, spec, layout, epoch, problems):
             return problems
@@ -146,6 +150,7 @@ class Reconciler:
             and (pod["metadata"].get("annotations") or {}).get(res.ANN_SPEC_HASH)
             != want[d]["metadata"]["annotations"][res.ANN_SPEC_HASH]
         )
+        self.stale = stale
         extra = sorted(d for d in existing if d >= spec.domains)
         rolling = spec.update_strategy.type == "RollingUpdate"
         if stale and rolling and not extra and not gang_stuck:

@@ -135,13 +135,17 @@ def next_actions(
     max_unavailable: int,
     busy: bool,
     routed: bool,
+    partition: int = 0,
 ) -> list[Action]:
     """What the update does this step (empty: there is nothing to update).
 
     ``outdated``: the domains whose pod runs an older spec; ``workers_of``: each
     domain's workers in the pool's layout; ``ready``: the domains whose pod is ready,
     of ``domains``; ``max_unavailable``: domains replaced at once, at most; ``busy``: a
-    transition is in flight; ``routed``: a router address is known."""
+    transition is in flight; ``routed``: a router address is known; ``partition``: the
+    domains below it keep their older spec (a domain below it still draining when it
+    is raised is resumed, as when the spec reverts)."""
+    outdated = [d for d in outdated if d >= partition]
     out: list[Action] = []
     for d, r in sorted(rollout.domains.items()):
         if not r.deleted:

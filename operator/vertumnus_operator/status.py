@@ -66,6 +66,8 @@ class Observation:
     generation: int = 0
     updating: tuple[int, ...] = ()
     """The workers whose domain pod a rolling update is replacing (state ``Updating``)."""
+    outdated: int = 0
+    """Domain pods that run an older spec (``updatedDomains`` = domains - outdated)."""
 
     @property
     def ready(self) -> int:
@@ -258,6 +260,7 @@ def build_status(
         "epoch": pool.epoch,
         "readyGPUs": obs.ready * obs.gpus_per_domain,
         "domains": obs.domains,
+        "updatedDomains": max(0, obs.domains - obs.outdated),
         "workers": _workers(pool, obs.updating),
         "transitions": [
             {

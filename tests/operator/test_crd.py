@@ -102,7 +102,8 @@ def test_the_parser_defaults_are_the_crd_defaults():
     # updateStrategy.rollingUpdate is nested in the CRD, flat in the parser.
     defaults["updateStrategy"] = _defaults(_schema()["properties"]["updateStrategy"])
     rolling = defaults["updateStrategy"].pop("rollingUpdate")
-    assert rolling == {"maxUnavailable": 1} and spec.update_strategy.max_unavailable == 1
+    assert rolling == {"maxUnavailable": 1, "partition": 0}
+    assert spec.update_strategy.max_unavailable == 1 and spec.update_strategy.partition == 0
     checked = 0
     for key, value in defaults.items():
         attr = getattr(spec, _CAMEL.get(key, key))
@@ -177,6 +178,10 @@ def test_every_cel_rule_names_its_field():
         (
             {"updateStrategy": {"rollingUpdate": {"maxUnavailable": 0}}},
             "spec.updateStrategy.rollingUpdate.maxUnavailable",
+        ),
+        (
+            {"updateStrategy": {"rollingUpdate": {"partition": -1}}},
+            "spec.updateStrategy.rollingUpdate.partition",
         ),
     ],
 )

@@ -32,11 +32,11 @@ def _view(text: str, obs: Observation) -> dict:
 def test_a_pools_gauges_follow_its_status():
     metrics = OperatorMetrics()
     pool = metrics.pool("team-a", "prefill")
-    obs = Observation(domains=4, pods=4, bound=4, ready_domains={0, 1, 2})
+    obs = Observation(domains=4, pods=4, bound=4, ready_domains={0, 1, 2}, outdated=1)
     lost = Problem("Degraded", "DomainLost", "1 of 4 domain pods are not ready")
     obs.problems = [lost]
     view = _view("4xCP4+1xCP8+2xCP4", obs)
-    pool.status(view, outdated=1, problems=obs.problems)
+    pool.status(view, obs.problems)
 
     s = scrape(metrics)
     at = {"namespace": "team-a", "pool": "prefill"}
@@ -45,6 +45,7 @@ def test_a_pools_gauges_follow_its_status():
     assert value(s, "vertumnus_operator_pool_workers", **at, degree="8") == 1
     assert value(s, "vertumnus_operator_pool_gpus", **at) == 32
     assert value(s, "vertumnus_operator_pool_ready_gpus", **at) == 24
+    assert view["updatedDomains"] == 3
     assert value(s, "vertumnus_operator_pool_outdated_pods", **at) == 1
     assert value(s, "vertumnus_operator_pool_transitions_in_flight", **at) == 0
     composition = view["composition"]
@@ -64,11 +65,13 @@ def test_a_pools_gauges_follow_its_status():
     # The problem gone, the gauges follow: no stale series.
     obs.problems = []
     obs.ready_domains = {0, 1, 2, 3}
-    pool.status(_view("4xCP4+1xCP8+2xCP4", obs), outdated=0, problems=[])
+    obs.outdated = 0
+    pool.status(_view("4xCP4+1xCP8+2xCP4", obs), [])
     s = scrape(metrics)
     assert series(s, "vertumnus_operator_pool_problem") == []
     assert value(s, "vertumnus_operator_pool_ready_gpus", **at) == 32
     assert value(s, "vertumnus_operator_pool_phase", **at, phase="Ready") == 1
+    assert value(s, "vertumnus_operator_pool_outdated_pods", **at) == 0
 
 
 def test_a_transition_in_flight_counts_and_shows_its_phase():
@@ -79,7 +82,7 @@ def test_a_transition_in_flight_counts_and_shows_its_phase():
     view = build_status(
         replace(record, pool=state), Observation(domains=2, ready_domains={0, 1}), [], 0.0
     )
-    pool.status(view, outdated=0, problems=[])
+    pool.status(view, [])
     s = scrape(metrics)
     assert value(s, "vertumnus_operator_pool_transitions_in_flight", namespace="ns", pool="p") == 1
     assert (

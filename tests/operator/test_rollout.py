@@ -23,8 +23,10 @@ WORKERS = {0: [0, 1], 1: [2], 2: [3]}
 ALL = {0, 1, 2}
 
 
-def _next(r, outdated=(0, 1, 2), ready=ALL, at_once=1, busy=False, routed=True):  # type: ignore[no-untyped-def]
-    return rollout.next_actions(r, list(outdated), WORKERS, set(ready), 3, at_once, busy, routed)
+def _next(r, outdated=(0, 1, 2), ready=ALL, at_once=1, busy=False, routed=True, partition=0):  # type: ignore[no-untyped-def]
+    return rollout.next_actions(
+        r, list(outdated), WORKERS, set(ready), 3, at_once, busy, routed, partition
+    )
 
 
 def test_nothing_outdated_is_nothing_to_do():
@@ -157,3 +159,14 @@ def test_a_record_without_an_update_or_with_a_bad_one():
     raw["rolling"] = [{"domain": 0, "workers": "all"}]
     with pytest.raises(StateError, match=r"status.state.rolling\[0\]: expected"):
         decode_record(raw)
+
+
+def test_a_partition_keeps_the_domains_below_it_on_the_older_spec():
+    """A canary: partition 2 of 3 domains replaces domain 2 alone; lowered to 0, the rest
+    roll; raised while a domain below it is still draining, that domain is resumed."""
+    r = rollout.Rollout()
+    assert _next(r, partition=2) == [rollout.Drain(2, (3,))]
+    assert _next(r, partition=3) == []  # nothing at or above it: nothing to do
+    assert _next(r, partition=0) == [rollout.Drain(0, (0, 1))]
+    r.begin(0, (0, 1))
+    assert _next(r, partition=1) == [rollout.Resume(0, (0, 1))]  # then domain 1 starts
