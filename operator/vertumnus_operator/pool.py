@@ -167,6 +167,8 @@ class PoolRuntime:
             while not stopped.is_set():
                 try:
                     interval = await self.step()
+                    if backoff > 1.0:  # recovered: the same error later is reported again
+                        self._said = {k for k in self._said if not k.startswith("error:")}
                     backoff = 1.0
                 except LostRecord as e:
                     log.warning("%s/%s: %s; reloading", self.namespace, self.name, e)
@@ -486,10 +488,7 @@ class PoolRuntime:
                 "size needs new pods, which the operator does not make on its own: the pool keeps "
                 "running as it was (recreate the CPPool to apply)"
             )
-            self.spec_problems.append(Problem("Degraded", "NeedsNewPods", msg))
-            await self._say_once(
-                f"shape:{spec.gpus}:{spec.gpus_per_domain}", "Warning", "NeedsNewPods", msg
-            )
+            self.spec_problems.append(Problem("Degraded", "NeedsNewPods", msg))  # an Event too
         if old is None:
             return
         if (old.placement, old.cache_manager, old.router, old.redis, old.model) != (
@@ -582,16 +581,17 @@ class PoolRuntime:
                 f"({obs.ready * obs.gpus_per_domain} GPUs; {took:.1f} s after the "
                 "operator took the pool)",
             )
+        # A Warning per problem when it appears. Its key is forgotten once it is gone, so
+        # one that comes back (a second node lost a week later) is reported again. A
+        # rolling update is progress, not a problem: it posts its own Normal Events.
+        warn = [(p.reason, p.message) for p in obs.problems if p.condition != "Progressing"]
         gang = obs.gang
-        for p in obs.problems:
-            await self._say_once(f"problem:{p.reason}:{p.message}", "Warning", p.reason, p.message)
         if gang is not None and gang.scheduled is False and gang.reason not in ("GangDisabled",):
-            await self._say_once(
-                f"gang:{gang.reason}:{gang.message}",
-                "Warning",
-                "GangUnschedulable",
-                f"{gang.reason}: {gang.message}",
-            )
+            warn.append(("GangUnschedulable", f"{gang.reason}: {gang.message}"))
+        active = {f"problem:{reason}:{message}" for reason, message in warn}
+        self._said = {k for k in self._said if not k.startswith("problem:") or k in active}
+        for reason, message in warn:
+            await self._say_once(f"problem:{reason}:{message}", "Warning", reason, message)
 
     async def _write_status_if_changed(self) -> None:
         assert self.runner is not None and self.store is not None
@@ -670,9 +670,7 @@ class PoolRuntime:
         except AdminError as e:
             self._router_down(str(e))
             return
-        if self.router_problem is not None:
-            self.router_problem = None
-            self._said = {k for k in self._said if not k.startswith("problem:RouterUnavailable")}
+        self.router_problem = None
         await runner.decide(window)
 
     async def _repair(self, admin: RouterAdmin) -> bool:
