@@ -80,6 +80,9 @@ __all__ = ["PrefillResult", "Router", "RouterError"]
 
 _log = logging.getLogger("vertumnus.router")
 
+TRANSITIONS_KEPT = 1000
+"""How many of its own transitions' records a router keeps (``transitions_done``)."""
+
 _RETRYABLE = {
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -233,7 +236,9 @@ class Router:
         self.block_size = 0
         self.max_tokens = 0
         self.vocab_size = 0
-        self.transitions_done: list[dict[str, object]] = []
+        self.transitions_done: deque[dict[str, object]] = deque(maxlen=TRANSITIONS_KEPT)
+        """The transitions this router ran itself, newest last (a long-lived router with
+        its own controller keeps the last ``TRANSITIONS_KEPT``, not every one)."""
         self.store_kind = "memory" if isinstance(self.store, PrefixTrie) else "redis"
         self._board: object | None = None
 
