@@ -437,7 +437,16 @@ def configmap(spec: PoolSpec, owner: Owner, layout: Layout, epoch: int) -> dict[
 
 
 REDIS_PASSWORD_ENV = "VERTUMNUS_REDIS_PASSWORD"
+REDIS_CONF_DIR = "/etc/vertumnus-redis"
+REDIS_UID = 999
+"""The ``redis`` user of the official Redis images (Debian and Alpine alike)."""
 """Where the router (and the managed Redis) read the password (never a flag)."""
+
+
+def redis_conf_script(conf: str) -> str:
+    """The managed Redis's init container: write ``conf`` with the Secret's password, for
+    the redis user alone (the operator's passwords are URL-safe: nothing to quote)."""
+    return f'umask 077 && printf "requirepass %s\\n" "${REDIS_PASSWORD_ENV}" > {conf}'
 
 
 def _redis_env(spec: PoolSpec, owner: Owner) -> list[dict[str, Any]]:
@@ -553,26 +562,34 @@ def redis_objects(spec: PoolSpec, owner: Owner) -> list[dict[str, Any]]:
     if spec.redis.mode != "managed":
         return []
     name = f"{owner.name}-redis"
+    conf = f"{REDIS_CONF_DIR}/redis.conf"
     pod: dict[str, Any] = {
+        # The password goes into a config file on a memory volume, readable by the redis
+        # user alone, not onto redis-server's command line (which anyone who can list the
+        # pod's processes reads).
+        "initContainers": [
+            {
+                "name": "config",
+                "image": spec.redis.image,
+                "command": ["sh", "-c", redis_conf_script(conf)],
+                "env": _redis_env(spec, owner),
+                "securityContext": {"runAsUser": REDIS_UID, "runAsNonRoot": True},
+                "volumeMounts": [{"name": "config", "mountPath": REDIS_CONF_DIR}],
+            }
+        ],
         "containers": [
             {
                 "name": "redis",
                 "image": spec.redis.image,
                 # An index cache: the router rebuilds it from the engines, so no persistence.
-                "args": [
-                    "redis-server",
-                    "--requirepass",
-                    f"$({REDIS_PASSWORD_ENV})",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ],
-                "env": _redis_env(spec, owner),
+                "args": ["redis-server", conf, "--save", "", "--appendonly", "no"],
+                "securityContext": {"runAsUser": REDIS_UID, "runAsNonRoot": True},
                 "ports": [{"name": "redis", "containerPort": 6379}],
                 "readinessProbe": {"tcpSocket": {"port": 6379}, "periodSeconds": 5},
+                "volumeMounts": [{"name": "config", "mountPath": REDIS_CONF_DIR, "readOnly": True}],
             }
         ],
+        "volumes": [{"name": "config", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}],
     }
     if spec.router.node_selector:
         pod["nodeSelector"] = dict(spec.router.node_selector)

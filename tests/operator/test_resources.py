@@ -254,9 +254,65 @@ def test_every_object_is_owned_and_labelled():
     for o in objs:
         assert o["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
         assert o["metadata"]["labels"][res.LABEL_POOL] == "pool"
-    redis = res.redis_objects(spec, OWNER)[0]["spec"]["template"]["spec"]["containers"][0]
-    assert "$(VERTUMNUS_REDIS_PASSWORD)" in redis["args"]
-    assert redis["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "pool-redis", "key": "password"}
+    pod = res.redis_objects(spec, OWNER)[0]["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "pool-redis", "key": "password"}
+    assert not any("PASSWORD" in a for a in pod["containers"][0]["args"])
+    assert "env" not in pod["containers"][0]
+
+
+def test_the_managed_redis_reads_its_password_from_a_file_not_its_command_line(tmp_path):
+    """The rendered init script and redis-server arguments, run here (the config folder
+    moved under tmp_path): a real redis-server that refuses a client without the password
+    and whose command line does not hold it."""
+    import os
+    import subprocess
+    import time
+
+    import redis as redis_py
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    from tests.redis_server import free_port, redis_server_binary
+
+    binary = redis_server_binary()
+    pod = res.redis_objects(_spec(redis={"mode": "managed"}), OWNER)[0]["spec"]["template"]["spec"]
+    (init,), (server,) = pod["initContainers"], pod["containers"]
+    here = str(tmp_path)
+
+    def local(args):
+        return [a.replace(res.REDIS_CONF_DIR, here) for a in args]
+
+    password = "s3cret-Token_xyz"
+    env = {**os.environ, res.REDIS_PASSWORD_ENV: password}
+    subprocess.run(local(init["command"]), env=env, check=True)
+    conf = tmp_path / "redis.conf"
+    assert conf.stat().st_mode & 0o777 == 0o600  # the redis user's alone
+    port = free_port()
+    args = local(server["args"])
+    assert args[0] == "redis-server"
+    proc = subprocess.Popen(
+        [binary, *args[1:], "--port", str(port), "--bind", "127.0.0.1", "--dir", here],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert redis_py.Redis(port=port, password=password).ping()
+                break
+            except redis_py.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        with pytest.raises(redis_py.AuthenticationError):
+            redis_py.Redis(port=port, retry=Retry(NoBackoff(), 0)).get("x")
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+            assert password.encode() not in f.read()
+    finally:
+        proc.kill()
+        proc.wait(10)
 
 
 def test_the_router_command_line_parses_with_the_routers_own_parser(tmp_path):
