@@ -454,6 +454,18 @@ def test_a_pinned_composition_and_spec_changes(k8s, operator, namespace, fake_ro
         wait_for("Ready", 30, _ready(k8s, namespace, "pinned", "2xCP8"))
         uids = _uids(k8s, namespace, "pinned")
         _annotate_router(k8s, namespace, "pinned", fake_router)
+
+        def router_template_hash():
+            dep = json.loads(
+                k8s.kubectl(
+                    "get", "deployment", "pinned-router", "-n", namespace, "-o", "json"
+                ).stdout
+            )
+            return dep["spec"]["template"]["metadata"]["annotations"][
+                "vertumnus.io/router-config-hash"
+            ]
+
+        before = router_template_hash()
         patch = {
             "spec": {
                 "composition": [{"count": 2, "degree": 4}, {"count": 1, "degree": 8}],
@@ -481,6 +493,14 @@ def test_a_pinned_composition_and_spec_changes(k8s, operator, namespace, fake_ro
             lambda: (c := router_config())["layout.json"]["epoch"] == 2 and c,
         )
         assert cfg["router.json"]["placement"]["beta"] == 2.0
+        # The router Deployment rolls to read it (the RouterConfigUpdated Event says so).
+        wait_for("the router Deployment to roll", 10, lambda: router_template_hash() != before)
+        (said,) = [
+            e["message"]
+            for e in events(k8s, namespace, "pinned")
+            if e["reason"] == "RouterConfigUpdated"
+        ]
+        assert "Deployment pinned-router rolls to apply it" in said, said
         assert [w["degree"] for w in cfg["layout.json"]["workers"]] == [8, 4, 4]
         k8s.kubectl(
             "patch",

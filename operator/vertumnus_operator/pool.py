@@ -8,7 +8,7 @@ second, four times a second while pods are being placed, every 2 s for a pool st
 2. on the first step, load the :class:`~vertumnus.operator.record.Record` from
    ``status.state`` (or start one from the initial composition) and resume any recorded
    transition; on a new generation, say in Events what the change does (router settings:
-   ConfigMap rewritten, the router reads it at start; controller settings: applied now; a
+   ConfigMap rewritten, the router Deployment rolls; controller settings: applied now; a
    pinned composition: reached by transitions; engine image or settings: the domain pods
    roll; GPU budget, domain size, gang backend: needs new pods, not done);
 3. apply the pool's objects, create missing domain pods (:mod:`vertumnus.operator.reconcile`);
@@ -503,9 +503,9 @@ class PoolRuntime:
                 "RouterConfigUpdated",
                 f"rewrote ConfigMap {self.name}-router (placement beta={spec.placement.beta}, "
                 f"betaBusy={spec.placement.beta_busy}, lambda={spec.placement.lam}, cache manager, "
-                "router, Redis); the router reads it at start and has no live reload: restart it "
-                f"(kubectl rollout restart deployment/{self.name}-router) to apply. The domain pods "
-                "are not restarted",
+                f"router, Redis); Deployment {self.name}-router rolls to apply it (its pods read "
+                "it at start; each finishes the requests it holds before it stops). The domain "
+                "pods are not restarted",
             )
         if (old.engine, old.gang, old.scheduling) != (spec.engine, spec.gang, spec.scheduling):
             if spec.update_strategy.type == "RollingUpdate" and old.gang == spec.gang:
