@@ -70,7 +70,14 @@ def test_helm_lint_and_template_are_clean(k8s, tmp_path):
     assert "0 chart(s) failed" in lint.stdout
     for extra in (
         [],
-        ["--set", "operator.watchNamespaces={a,b}", "--set", "serviceMonitor.enabled=true"],
+        [
+            "--set",
+            "operator.watchNamespaces={a,b}",
+            "--set",
+            "serviceMonitor.enabled=true",
+            "--set",
+            "prometheusRule.enabled=true",
+        ],
     ):
         out = ops.helm(
             k8s, "template", "t", str(ops.CHART), "-n", "x", *extra, home=tmp_path
@@ -92,6 +99,10 @@ def test_helm_lint_and_template_are_clean(k8s, tmp_path):
                 if d["metadata"]["name"] == "t-vertumnus-operator" and d["kind"] == "NetworkPolicy"
             ]
             assert policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 9464}]}]
+            # The alerting rules, as the chart's rule file holds them.
+            (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+            rules = yaml.safe_load((ops.CHART / "alerts" / "vertumnus-rules.yaml").read_text())
+            assert rule["spec"] == rules
     bad = ops.helm(
         k8s,
         "template",
