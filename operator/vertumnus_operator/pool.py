@@ -70,6 +70,9 @@ log = logging.getLogger(__name__)
 ROUTER_ADDRESSES_ENV = "VERTUMNUS_ROUTER_ADDRESSES"
 RESYNC_S = 60.0
 """Seconds between two full re-applies of a pool's objects (between them, only changes)."""
+OBJECT_MAX_AGE_S = 5.0
+"""Seconds a step reuses the CPPool it read last while no watch event says it changed
+(an idle pool reads it every 5 s, not every second; a missed event costs at most this)."""
 
 
 class Stopped(Protocol):
@@ -133,6 +136,9 @@ class PoolRuntime:
         """Set by a watch event on the CPPool: the next step comes at once."""
         self.seen = seen or (lambda: None)
         """The resourceVersion of the last watch event (ours, if it echoes our write)."""
+        self._obj: dict[str, Any] | None = None
+        """The CPPool as last read (:data:`OBJECT_MAX_AGE_S`); None: read it next step."""
+        self._obj_at = 0.0
         self.runner: TransitionRunner | None = None
         self.store: StatusStore | None = None
         self.obs = Observation()
@@ -206,6 +212,7 @@ class PoolRuntime:
                 self.wake.clear()
                 own = self.store is not None and self.seen() == self.store.resource_version
                 if not own:
+                    self._obj = None  # changed by someone else: the next step reads it
                     await asyncio.sleep(0.02)  # let a burst of watch events settle
                     return
             left = deadline - time.monotonic()
@@ -227,6 +234,7 @@ class PoolRuntime:
             await self.runner.close()
         self.runner = None
         self.store = None
+        self._obj = None
         self.next_hop = None
         self.reconciler.forget()
         if self.admin is not None:
@@ -248,10 +256,14 @@ class PoolRuntime:
 
     async def step(self) -> float | None:
         """One pass; returns the seconds until the next (None: stop)."""
-        try:
-            obj = await self.kube.get(self.path)
-        except NotFound:
-            return None  # the CPPool is gone
+        now = time.monotonic()
+        obj = self._obj
+        if obj is None or self.runner is None or now - self._obj_at > OBJECT_MAX_AGE_S:
+            try:
+                obj = self._obj = await self.kube.get(self.path)
+            except NotFound:
+                return None  # the CPPool is gone
+            self._obj_at = now
         meta = obj["metadata"]
         if meta.get("deletionTimestamp"):
             await self.reset()
@@ -751,6 +763,7 @@ class PoolRuntime:
         else:
             await runner.manual(op)
         await self.kube.merge_patch(self.path, {"metadata": {"annotations": {key: None}}})
+        self._obj = None  # read again: the annotation is gone
         return True
 
     # ---- rolling update --------------------------------------------------------------------

@@ -28,7 +28,7 @@ from typing import Any
 from vertumnus.core.lattice import Layout
 from vertumnus.operator import resources as res
 from vertumnus.operator.crd import PoolSpec
-from vertumnus.operator.gang import GangBackend, backend_for
+from vertumnus.operator.gang import GangBackend, GangStatus, backend_for
 from vertumnus.operator.kube import Conflict, KubeClient, KubeError, NotFound, object_path
 from vertumnus.operator.status import Observation, Problem
 
@@ -81,6 +81,11 @@ class Reconciler:
         self.outdated: list[int] = []
         """Domains whose pod runs an older spec and that a rolling update may replace
         (found by the last :meth:`apply`; the gang object and the domains unchanged)."""
+        self._listed: dict[int, dict[str, Any]] | None = None
+        """The domain pods :meth:`apply` listed, for the :meth:`observe` that follows it
+        (None: list again, e.g. after pods were created)."""
+        self._gang: GangStatus | None = None
+        """The gang's status when every domain pod was last bound and ready."""
         self.stale: list[int] = []
         """Domains whose pod runs an older spec, whatever the update strategy (the status's
         ``updatedDomains`` is the rest)."""
@@ -97,8 +102,10 @@ class Reconciler:
         self._applied[path] = digest
 
     def forget(self) -> None:
-        """Re-apply everything next time (objects may have been deleted by hand)."""
+        """Re-apply everything next time (objects may have been deleted by hand), and read
+        the gang again."""
         self._applied.clear()
+        self._gang = None
 
     async def apply(self, spec: PoolSpec, layout: Layout, epoch: int) -> list[Problem]:
         """Apply the pool's objects and create missing domain pods; the problems found."""
@@ -119,6 +126,7 @@ class Reconciler:
 
         self.outdated = []
         self.stale = []
+        self._listed = None
         gang = self.gang(spec)
         if not await self._gang_usable(gang, spec, layout, epoch, problems):
             return problems
@@ -142,6 +150,8 @@ class Reconciler:
         missing = [d for d in range(spec.domains) if d not in existing]
         if missing:
             await asyncio.gather(*(self._create_pod(spec, layout, epoch, d, gang) for d in missing))
+        else:
+            self._listed = existing  # observe() reads these instead of listing them again
         want = {d: res.domain_pod(spec, owner, d, layout.domain(d), epoch, gang) for d in existing}
         stale = sorted(
             d
@@ -237,7 +247,11 @@ class Reconciler:
             await self.kube.merge_patch(path, body)
 
     async def observe(self, spec: PoolSpec) -> Observation:
-        pods = await self.pods()
+        """Pods and gang as they are now. One list of the pods per step (the one
+        :meth:`apply` made, unless it created some), and the gang object read only while
+        some domain pod is not bound and ready: an idle pool's step costs the API server
+        two reads (its CPPool and this list), not four."""
+        pods, self._listed = (self._listed or await self.pods()), None
         obs = Observation(
             domains=spec.domains, pods=len(pods), gpus_per_domain=spec.gpus_per_domain
         )
@@ -256,6 +270,10 @@ class Reconciler:
                     f"{res.pod_name(self.owner.name, d)}: {sched.get('message', '')}"
                 )
         gang = self.gang(spec)
+        settled = obs.bound == obs.ready == spec.domains == len(pods)
+        if settled and self._gang is not None and self._gang.scheduled:
+            obs.gang = self._gang  # bound and ready: the gang can only have been scheduled
+            return obs
         group = None
         if gang.api_version is not None and gang.plural is not None:
             try:
@@ -270,6 +288,7 @@ class Reconciler:
                 if e.status != 404:
                     raise
         obs.gang = gang.status(group)
+        self._gang = obs.gang if settled else None
         return obs
 
     async def _delete_redis(self) -> None:

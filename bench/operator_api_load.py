@@ -1,0 +1,126 @@
+"""What idle pools cost the API server: requests per second per pool, by verb and resource.
+
+Starts the real control plane (``e2e/k8s``), installs the chart, runs the operator as a
+process with ``--pools`` pools of 16 GPUs on kwok nodes, each Ready and idle (its
+controller reading the stand-in router's steady window every hop), and counts the
+``apiserver_request_total`` the API server reports over ``--seconds`` (every client:
+the operator's share is the part that grows with the pools). ``--window`` sets the
+pools' ``controller.windowSeconds`` (the default 20 s looks every 2.5 s)::
+
+    python bench/operator_api_load.py [--pools 4] [--seconds 30] [--window 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from operator_e2e import kc, ops  # noqa: E402  (the e2e helpers, loaded by path)
+
+_SAMPLE = re.compile(r'(\w+)="([^"]*)"')
+
+
+def _requests(cluster) -> collections.Counter[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    """apiserver_request_total by (verb, resource[/subresource]), summed over the rest."""
+    out: collections.Counter[tuple[str, str]] = collections.Counter()
+    for line in cluster.kubectl("get", "--raw", "/metrics").stdout.splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels = dict(_SAMPLE.findall(line))
+            resource = "/".join(x for x in (labels.get("resource"), labels.get("subresource")) if x)
+            out[labels.get("verb", ""), resource] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--pools", type=int, default=4)
+    p.add_argument("--seconds", type=float, default=30.0)
+    p.add_argument("--window", type=int, default=20, help="controller.windowSeconds of the pools")
+    p.add_argument("--out", default=None, help="write the figures as JSON here")
+    args = p.parse_args()
+    if args.pools < 1 or args.seconds <= 0:
+        p.error("--pools must be >= 1 and --seconds > 0")
+    if kc.missing_binaries():
+        print(f"missing {kc.missing_binaries()}: run bash e2e/k8s/build.sh", file=sys.stderr)
+        return 2
+    fake = ops.load_fake_router()
+    with tempfile.TemporaryDirectory(prefix="vertumnus-bench-") as tmp:
+        tmpd = Path(tmp)
+        cluster = kc.Cluster(tmpd / "k8s")
+        cluster.start()
+        try:
+            kubeconfig = ops.install_chart(cluster, tmpd / "helm")
+            cluster.add_gpu_nodes(2 * args.pools, gpus=8, prefix="idle")
+            cluster.kubectl("create", "namespace", "bench")
+            ops.wait_for(
+                "the default ServiceAccount",
+                30,
+                lambda: (
+                    cluster.kubectl("get", "sa", "default", "-n", "bench", check=False).returncode
+                    == 0
+                ),
+            )
+            operator = ops.OperatorProcess(kubeconfig, tmpd / "operator.log", priority=10, name="b")
+            with operator, fake.FakeRouter() as router:
+                router.set_demand(0.5, 10)  # a light, steady window: no transition
+                for i in range(args.pools):
+                    pool = ops.cppool(
+                        f"idle{i}",
+                        "bench",
+                        16,
+                        controller={"windowSeconds": args.window, "checksPerWindow": 8},
+                    )
+                    pool["metadata"]["annotations"] = {
+                        "vertumnus.io/router-addresses": router.address
+                    }
+                    ops.apply(cluster, pool)
+                for i in range(args.pools):
+                    ops.wait_for(
+                        "Ready",
+                        60,
+                        lambda i=i: (
+                            ops.pool_status(cluster, "bench", f"idle{i}").get("phase") == "Ready"
+                        ),
+                    )
+                time.sleep(5.0)  # past the pools' start
+                before, began = _requests(cluster), time.monotonic()
+                time.sleep(args.seconds)
+                after, took = _requests(cluster), time.monotonic() - began
+        finally:
+            cluster.stop()
+    rates = {k: (after[k] - before[k]) / took for k in after if after[k] > before[k]}
+    total = sum(rates.values())
+    print(
+        f"{args.pools} idle pools (windowSeconds {args.window}), {took:.0f} s: "
+        f"{total:.1f} API requests/s in all, {total / args.pools:.2f} per pool"
+    )
+    for (verb, resource), r in sorted(rates.items(), key=lambda kv: -kv[1]):
+        if r >= 0.05:
+            print(f"  {r:6.2f}/s  {verb} {resource}")
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "date": time.strftime("%Y-%m-%d"),
+                    "pools": args.pools,
+                    "window_s": args.window,
+                    "seconds": took,
+                    "per_pool": total / args.pools,
+                    "by_request": {f"{v} {r}": x for (v, r), x in rates.items()},
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
