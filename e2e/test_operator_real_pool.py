@@ -175,14 +175,21 @@ def test_a_rolling_update_restarts_the_engine_and_loses_no_request(
             time.sleep(1.0)
             ops.set_engine_image(k8s, namespace, "roll")
 
-            def replaced():  # type: ignore[no-untyped-def]
+            def going():  # type: ignore[no-untyped-def]
+                # The worker's state at the router once the old pod is being deleted: the
+                # operator drains first, and resumes only once the new pod is Ready (a
+                # kwok pod about a second later), so it must read DRAINING here.
                 pods = engine_pods(k8s, namespace, "roll")
-                return pods and pods[0]["metadata"]["uid"] != uid and pods[0]
+                old = [p for p in pods if p["metadata"]["uid"] == uid]
+                if old and not old[0]["metadata"].get("deletionTimestamp"):
+                    return None
+                return ps.pool(router.address).workers[0].state
 
-            wait_for("the pod replaced", 60, replaced)
-            # The worker was drained before its pod went: nothing is running on it.
-            assert ps.pool(router.address).workers[0].state == pool_pb2.WorkerStatus.DRAINING
-            engine.stop()
+            state = wait_for("the old pod deleted", 60, going, interval=0.05)
+            assert state == pool_pb2.WorkerStatus.DRAINING, (
+                "the pod went before its worker was drained"
+            )
+            engine.stop()  # the kubelet stops the old pod's engine and starts the new one's
             engine.start()
 
             def serving():  # type: ignore[no-untyped-def]
