@@ -17,12 +17,11 @@ import collections
 import json
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from operator_e2e import kc, ops  # noqa: E402  (the e2e helpers, loaded by path)
+from operator_e2e import bench_cluster, kc, ops  # noqa: E402  (the e2e helpers, loaded by path)
 
 _SAMPLE = re.compile(r'(\w+)="([^"]*)"')
 
@@ -51,50 +50,31 @@ def main() -> int:
         print(f"missing {kc.missing_binaries()}: run bash e2e/k8s/build.sh", file=sys.stderr)
         return 2
     fake = ops.load_fake_router()
-    with tempfile.TemporaryDirectory(prefix="vertumnus-bench-") as tmp:
-        tmpd = Path(tmp)
-        cluster = kc.Cluster(tmpd / "k8s")
-        cluster.start()
-        try:
-            kubeconfig = ops.install_chart(cluster, tmpd / "helm")
-            cluster.add_gpu_nodes(2 * args.pools, gpus=8, prefix="idle")
-            cluster.kubectl("create", "namespace", "bench")
-            ops.wait_for(
-                "the default ServiceAccount",
-                30,
-                lambda: (
-                    cluster.kubectl("get", "sa", "default", "-n", "bench", check=False).returncode
-                    == 0
-                ),
-            )
-            operator = ops.OperatorProcess(kubeconfig, tmpd / "operator.log", priority=10, name="b")
-            with operator, fake.FakeRouter() as router:
-                router.set_demand(0.5, 10)  # a light, steady window: no transition
-                for i in range(args.pools):
-                    pool = ops.cppool(
-                        f"idle{i}",
-                        "bench",
-                        16,
-                        controller={"windowSeconds": args.window, "checksPerWindow": 8},
-                    )
-                    pool["metadata"]["annotations"] = {
-                        "vertumnus.io/router-addresses": router.address
-                    }
-                    ops.apply(cluster, pool)
-                for i in range(args.pools):
-                    ops.wait_for(
-                        "Ready",
-                        60,
-                        lambda i=i: (
-                            ops.pool_status(cluster, "bench", f"idle{i}").get("phase") == "Ready"
-                        ),
-                    )
-                time.sleep(5.0)  # past the pools' start
-                before, began = _requests(cluster), time.monotonic()
-                time.sleep(args.seconds)
-                after, took = _requests(cluster), time.monotonic() - began
-        finally:
-            cluster.stop()
+    with bench_cluster(2 * args.pools, "idle") as (cluster, kubeconfig, tmpd):
+        operator = ops.OperatorProcess(kubeconfig, tmpd / "operator.log", priority=10, name="b")
+        with operator, fake.FakeRouter() as router:
+            router.set_demand(0.5, 10)  # a light, steady window: no transition
+            for i in range(args.pools):
+                pool = ops.cppool(
+                    f"idle{i}",
+                    "bench",
+                    16,
+                    controller={"windowSeconds": args.window, "checksPerWindow": 8},
+                )
+                pool["metadata"]["annotations"] = {"vertumnus.io/router-addresses": router.address}
+                ops.apply(cluster, pool)
+            for i in range(args.pools):
+                ops.wait_for(
+                    "Ready",
+                    60,
+                    lambda i=i: (
+                        ops.pool_status(cluster, "bench", f"idle{i}").get("phase") == "Ready"
+                    ),
+                )
+            time.sleep(5.0)  # past the pools' start
+            before, began = _requests(cluster), time.monotonic()
+            time.sleep(args.seconds)
+            after, took = _requests(cluster), time.monotonic() - began
     rates = {k: (after[k] - before[k]) / took for k in after if after[k] > before[k]}
     total = sum(rates.values())
     print(

@@ -28,6 +28,7 @@ Needs the binaries of ``bash e2e/k8s/build.sh`` and the ``operator`` extra. Writ
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import platform
@@ -35,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,32 @@ ops = _load("e2e_operator_support", ROOT / "e2e" / "operator_support.py")
 
 PINNED_A = [{"count": 8, "degree": 8}]
 PINNED_B = [{"count": 2, "degree": 4}, {"count": 7, "degree": 8}]
+
+
+@contextlib.contextmanager
+def bench_cluster(nodes: int, prefix: str) -> Iterator[tuple[Any, Path, Path]]:
+    """A real control plane (``e2e/k8s``) with the chart installed, ``nodes`` kwok nodes
+    of 8 GPUs and the namespace ``bench``: (cluster, the operator's kubeconfig, a
+    scratch folder), all gone afterwards."""
+    with tempfile.TemporaryDirectory(prefix="vertumnus-bench-") as tmp:
+        tmpd = Path(tmp)
+        cluster = kc.Cluster(tmpd / "k8s")
+        cluster.start()
+        try:
+            kubeconfig = ops.install_chart(cluster, tmpd / "helm")
+            cluster.add_gpu_nodes(nodes, gpus=8, prefix=prefix)
+            cluster.kubectl("create", "namespace", "bench")
+            ops.wait_for(
+                "the default ServiceAccount",
+                30,
+                lambda: (
+                    cluster.kubectl("get", "sa", "default", "-n", "bench", check=False).returncode
+                    == 0
+                ),
+            )
+            yield cluster, kubeconfig, tmpd
+        finally:
+            cluster.stop()
 
 
 def _summary(xs: list[float]) -> dict[str, float]:
@@ -120,117 +148,92 @@ def main() -> int:
         "cpus": __import__("os").cpu_count(),
         "kubernetes": kc.K8S_VERSION,
     }
-    with tempfile.TemporaryDirectory(prefix="vertumnus-bench-") as tmp:
-        tmpd = Path(tmp)
-        cluster = kc.Cluster(tmpd / "k8s")
-        cluster.start()
-        try:
-            kubeconfig = ops.install_chart(cluster, tmpd / "helm")
-            cluster.add_gpu_nodes(8, gpus=8, prefix="bench")
-            cluster.kubectl("create", "namespace", "bench")
-            ops.wait_for(
-                "the default ServiceAccount",
-                30,
-                lambda: (
-                    cluster.kubectl("get", "sa", "default", "-n", "bench", check=False).returncode
-                    == 0
-                ),
-            )
-            operator = ops.OperatorProcess(
-                kubeconfig, tmpd / "operator.log", priority=10, name="bench"
-            )
-            with operator, fake.FakeRouter(drain_delay_s=args.drain) as router:
-                time.sleep(2.0)  # the operator's start-up is not part of a pool's time to Ready
-                ready = []
-                for i in range(args.pools):
-                    name = f"pool{i}"
-                    pool = ops.cppool(name, "bench", 64, composition=PINNED_A)
-                    began = time.monotonic()
-                    ops.apply(cluster, pool)
-                    _poll(
-                        "Ready",
-                        60,
-                        lambda n=name: ops.pool_status(cluster, "bench", n).get("phase") == "Ready",
-                    )
-                    ready.append(time.monotonic() - began)
-                    print(f"{name}: 64 GPUs Ready in {ready[-1]:.2f} s", flush=True)
-                    if i < args.pools - 1:
-                        cluster.kubectl("delete", "cppool", name, "-n", "bench", "--timeout=60s")
-                        _poll(
-                            "pods gone", 60, lambda n=name: not ops.engine_pods(cluster, "bench", n)
-                        )
-                result["apply_to_ready_s"] = {
-                    **_summary(ready),
-                    "values": ready,
-                    "gpus": 64,
-                    "domain_pods": 8,
-                }
-
-                name = f"pool{args.pools - 1}"
-                cluster.kubectl(
-                    "annotate",
-                    "cppool",
-                    name,
-                    "-n",
-                    "bench",
-                    "--overwrite",
-                    f"vertumnus.io/router-addresses={router.address}",
+    with bench_cluster(8, "bench") as (cluster, kubeconfig, tmpd):
+        operator = ops.OperatorProcess(kubeconfig, tmpd / "operator.log", priority=10, name="bench")
+        with operator, fake.FakeRouter(drain_delay_s=args.drain) as router:
+            time.sleep(2.0)  # the operator's start-up is not part of a pool's time to Ready
+            ready = []
+            for i in range(args.pools):
+                name = f"pool{i}"
+                pool = ops.cppool(name, "bench", 64, composition=PINNED_A)
+                began = time.monotonic()
+                ops.apply(cluster, pool)
+                _poll(
+                    "Ready",
+                    60,
+                    lambda n=name: ops.pool_status(cluster, "bench", n).get("phase") == "Ready",
                 )
-                rows = []
-                for k in range(args.transitions):
-                    target = PINNED_B if k % 2 == 0 else PINNED_A
-                    epoch = ops.pool_status(cluster, "bench", name)["epoch"]
-                    drains_before = len(router.drains)
-                    patched = time.monotonic()
-                    patch = json.dumps({"spec": {"composition": target}})
-                    cluster.kubectl(
-                        "patch", "cppool", name, "-n", "bench", "--type=merge", "-p", patch
-                    )
-                    wall_patched = time.time()
+                ready.append(time.monotonic() - began)
+                print(f"{name}: 64 GPUs Ready in {ready[-1]:.2f} s", flush=True)
+                if i < args.pools - 1:
+                    cluster.kubectl("delete", "cppool", name, "-n", "bench", "--timeout=60s")
+                    _poll("pods gone", 60, lambda n=name: not ops.engine_pods(cluster, "bench", n))
+            result["apply_to_ready_s"] = {
+                **_summary(ready),
+                "values": ready,
+                "gpus": 64,
+                "domain_pods": 8,
+            }
 
-                    def committed(e=epoch):
-                        st = ops.pool_status(cluster, "bench", name)
-                        return (
-                            st if st.get("epoch") == e + 1 and not st.get("transitions") else None
-                        )
+            name = f"pool{args.pools - 1}"
+            cluster.kubectl(
+                "annotate",
+                "cppool",
+                name,
+                "-n",
+                "bench",
+                "--overwrite",
+                f"vertumnus.io/router-addresses={router.address}",
+            )
+            rows = []
+            for k in range(args.transitions):
+                target = PINNED_B if k % 2 == 0 else PINNED_A
+                epoch = ops.pool_status(cluster, "bench", name)["epoch"]
+                drains_before = len(router.drains)
+                patched = time.monotonic()
+                patch = json.dumps({"spec": {"composition": target}})
+                cluster.kubectl("patch", "cppool", name, "-n", "bench", "--type=merge", "-p", patch)
+                wall_patched = time.time()
 
-                    st = _poll("the commit", 60, committed)
-                    seen = time.monotonic()
-                    wall_seen = time.time()
-                    drains = router.drains[drains_before:]
-                    # The stand-in answers a drain drain_s after the call arrived.
-                    drained_wall = max(t for _, t in drains) + args.drain
-                    last = st["lastTransition"]
-                    rows.append(
-                        {
-                            "kind": last["kind"],
-                            "epoch": last["epoch"],
-                            "operator_drain_s": last["drainSeconds"],
-                            "operator_switch_s": last["switchSeconds"],
-                            "operator_total_s": last["totalSeconds"],
-                            "observed_after_drain_s": wall_seen - drained_wall,
-                            "observed_patch_to_commit_s": seen - patched,
-                            "patch_to_first_drain_s": min(t for _, t in drains) - wall_patched,
-                        }
-                    )
-                    print(
-                        f"transition {k + 1}: {last['kind']:5s} drain {last['drainSeconds']:.3f} s, "
-                        f"switch {last['switchSeconds']:.3f} s; seen {rows[-1]['observed_after_drain_s']:.3f} s "
-                        "after the drain",
-                        flush=True,
-                    )
-                result["transitions"] = {
-                    "n": len(rows),
-                    "drain_held_s": args.drain,
-                    "switch_excluding_drain_s": _summary([r["operator_switch_s"] for r in rows]),
-                    "observed_after_drain_s": _summary([r["observed_after_drain_s"] for r in rows]),
-                    "patch_to_commit_s": _summary([r["observed_patch_to_commit_s"] for r in rows]),
-                    "rows": rows,
-                }
-                result["router_switches_applied"] = len(router.applied)
-                result["rolling_update"] = _roll(cluster, router, name, args.drain)
-        finally:
-            cluster.stop()
+                def committed(e=epoch):
+                    st = ops.pool_status(cluster, "bench", name)
+                    return st if st.get("epoch") == e + 1 and not st.get("transitions") else None
+
+                st = _poll("the commit", 60, committed)
+                seen = time.monotonic()
+                wall_seen = time.time()
+                drains = router.drains[drains_before:]
+                # The stand-in answers a drain drain_s after the call arrived.
+                drained_wall = max(t for _, t in drains) + args.drain
+                last = st["lastTransition"]
+                rows.append(
+                    {
+                        "kind": last["kind"],
+                        "epoch": last["epoch"],
+                        "operator_drain_s": last["drainSeconds"],
+                        "operator_switch_s": last["switchSeconds"],
+                        "operator_total_s": last["totalSeconds"],
+                        "observed_after_drain_s": wall_seen - drained_wall,
+                        "observed_patch_to_commit_s": seen - patched,
+                        "patch_to_first_drain_s": min(t for _, t in drains) - wall_patched,
+                    }
+                )
+                print(
+                    f"transition {k + 1}: {last['kind']:5s} drain {last['drainSeconds']:.3f} s, "
+                    f"switch {last['switchSeconds']:.3f} s; seen {rows[-1]['observed_after_drain_s']:.3f} s "
+                    "after the drain",
+                    flush=True,
+                )
+            result["transitions"] = {
+                "n": len(rows),
+                "drain_held_s": args.drain,
+                "switch_excluding_drain_s": _summary([r["operator_switch_s"] for r in rows]),
+                "observed_after_drain_s": _summary([r["observed_after_drain_s"] for r in rows]),
+                "patch_to_commit_s": _summary([r["observed_patch_to_commit_s"] for r in rows]),
+                "rows": rows,
+            }
+            result["router_switches_applied"] = len(router.applied)
+            result["rolling_update"] = _roll(cluster, router, name, args.drain)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
