@@ -20,12 +20,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "deploy" / "helm" / "vertumnus"
 EXAMPLE = CHART / "examples" / "cppool.yaml"
 FAKE_ROUTER = ROOT / "tests" / "operator" / "fake_router.py"
+PROMTEXT = ROOT / "tests" / "operator" / "promtext.py"
 RELEASE = "vt"
 SYSTEM_NAMESPACE = "vertumnus-system"
 SERVICE_ACCOUNT = f"{RELEASE}-vertumnus-operator"
@@ -33,17 +32,27 @@ CPPOOLS = "/apis/vertumnus.io/v1alpha1"
 FAKE_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
 
 
-def load_fake_router() -> Any:
-    """The stand-in Admin server module (tests/operator/fake_router.py), by path."""
-    name = "vertumnus_e2e_fake_router"
+def _test_module(name: str, path: Path) -> Any:
+    """A helper module of the unit tests, loaded by path once (``tests`` may not be on
+    ``sys.path`` when a bench loads this file)."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, FAKE_ROUTER)
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_fake_router() -> Any:
+    """The stand-in Admin server module (tests/operator/fake_router.py)."""
+    return _test_module("vertumnus_e2e_fake_router", FAKE_ROUTER)
+
+
+def load_promtext() -> Any:
+    """The Prometheus text helpers of the unit tests (tests/operator/promtext.py)."""
+    return _test_module("vertumnus_e2e_promtext", PROMTEXT)
 
 
 def wait_for(what: str, timeout: float, probe: Callable[[], Any], interval: float = 0.1) -> Any:
@@ -171,12 +180,10 @@ class OperatorProcess:
         assert self.metrics_port, "this operator serves no metrics"
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as r:
-            text = r.read().decode()
-        return {
-            (s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-        }
+            samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = load_promtext().parse(
+                r.read().decode()
+            )
+        return samples
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

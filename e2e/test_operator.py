@@ -45,9 +45,16 @@ def _ready(k8s, ns, name, composition=None):
     return probe
 
 
-def _sample(samples, name, **labels):
-    """A sample of an operator's scrape (None: no such series)."""
-    return samples.get((name, frozenset(labels.items())))
+def _mixed_pool(k8s, ns, name, label):
+    """A 16-GPU pool pinned to 2xCP4+1xCP8 (domain 0: two CP4 workers, domain 1: one
+    CP8) on the nodes with ``label``, Ready: its status."""
+    mixed = [{"count": 2, "degree": 4}, {"count": 1, "degree": 8}]
+    ops.apply(k8s, cppool(name, ns, 16, label, composition=mixed))
+    return wait_for("Ready", 30, _ready(k8s, ns, name))
+
+
+_sample = ops.load_promtext().value
+"""A sample of an operator's scrape (None: no such series)."""
 
 
 def _annotate_router(k8s, ns, name, router):
@@ -686,17 +693,7 @@ def test_a_lost_domain_pod_is_recreated_with_the_grouping_in_force(
     k8s, operator, namespace, fake_router
 ):
     with gpu_nodes(k8s, 2) as label:
-        ops.apply(
-            k8s,
-            cppool(
-                "lossy",
-                namespace,
-                16,
-                label,
-                composition=[{"count": 2, "degree": 4}, {"count": 1, "degree": 8}],
-            ),
-        )
-        st = wait_for("Ready", 30, _ready(k8s, namespace, "lossy"))
+        st = _mixed_pool(k8s, namespace, "lossy", label)
         before = {p["metadata"]["name"]: p for p in engine_pods(k8s, namespace, "lossy")}
         victim = before["lossy-d1"]
         k8s.remove_node(victim["spec"]["nodeName"], delete_pods=True)
@@ -732,17 +729,7 @@ def test_a_new_engine_image_rolls_the_domain_pods_one_at_a_time(
     k8s, operator, namespace, fake_router
 ):
     with gpu_nodes(k8s, 2) as label:
-        ops.apply(
-            k8s,
-            cppool(
-                "rolling",
-                namespace,
-                16,
-                label,
-                composition=[{"count": 2, "degree": 4}, {"count": 1, "degree": 8}],
-            ),
-        )
-        st = wait_for("Ready", 30, _ready(k8s, namespace, "rolling"))
+        st = _mixed_pool(k8s, namespace, "rolling", label)
         workers = {d: sorted(w["id"] for w in st["workers"] if w["domain"] == d) for d in (0, 1)}
         before = {p["metadata"]["name"]: p for p in engine_pods(k8s, namespace, "rolling")}
         _annotate_router(k8s, namespace, "rolling", fake_router)
@@ -802,17 +789,7 @@ def test_an_operator_restarted_mid_update_carries_on_from_the_record(
     ``status.state.rolling``: domain 0's workers stay Updating and drained until the new
     pod is ready, then they are resumed and domain 1 rolls."""
     with gpu_nodes(k8s, 2) as label:
-        ops.apply(
-            k8s,
-            cppool(
-                "restarted",
-                namespace,
-                16,
-                label,
-                composition=[{"count": 2, "degree": 4}, {"count": 1, "degree": 8}],
-            ),
-        )
-        st = wait_for("Ready", 30, _ready(k8s, namespace, "restarted"))
+        st = _mixed_pool(k8s, namespace, "restarted", label)
         d0 = sorted(w["id"] for w in st["workers"] if w["domain"] == 0)
         (node,) = [
             p["spec"]["nodeName"]
