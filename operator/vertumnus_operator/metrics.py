@@ -97,7 +97,6 @@ class _Gauges:
     workers: dict[int, int] = field(default_factory=dict)
     composition: str = ""
     phase: str = ""
-    gpus: int = 0
     ready_gpus: int = 0
     in_flight: int = 0
     outdated: int = 0
@@ -119,15 +118,13 @@ class PoolMetrics:
         self.histograms: dict[tuple[str, str], _Buckets] = {}
         """(metric, label value) → buckets."""
 
-    def _count(self, metric: str, label: str = "", by: float = 1.0) -> None:
-        self.counters[metric, label] = self.counters.get((metric, label), 0.0) + by
+    def _count(self, metric: str, label: str = "") -> None:
+        self.counters[metric, label] = self.counters.get((metric, label), 0.0) + 1.0
 
-    def _observe(
-        self, metric: str, bounds: tuple[float, ...], value: float, label: str = ""
-    ) -> None:
+    def _observe(self, metric: str, value: float, label: str = "") -> None:
         series = self.histograms.get((metric, label))
         if series is None:
-            series = self.histograms[metric, label] = _Buckets(bounds)
+            series = self.histograms[metric, label] = _Buckets(_HISTOGRAMS[metric][2])
         series.observe(max(0.0, value))
 
     # ---- what the pool's loop reports ------------------------------------------------------
@@ -139,7 +136,6 @@ class PoolMetrics:
         workers: dict[int, int] = {}
         for w in view.get("workers") or ():
             workers[int(w["degree"])] = workers.get(int(w["degree"]), 0) + 1
-        gpus = sum(degree * n for degree, n in workers.items())
         found: dict[tuple[str, str], int] = {}
         for p in problems:
             found[p.condition, p.reason] = found.get((p.condition, p.reason), 0) + 1
@@ -149,7 +145,6 @@ class PoolMetrics:
             g.workers = workers
             g.composition = str(view.get("composition") or "")
             g.phase = str(view.get("phase") or "")
-            g.gpus = gpus
             g.ready_gpus = int(view.get("readyGPUs") or 0)
             g.in_flight = len(view.get("transitions") or ())
             g.outdated = outdated
@@ -161,7 +156,7 @@ class PoolMetrics:
         """One look of the controller: its wall time, the what-if verdict (None: no check
         this hop), the κ its rules read."""
         with self._lock:
-            self._observe("vertumnus_controller_decision_seconds", DECISION_BUCKETS, seconds)
+            self._observe("vertumnus_controller_decision_seconds", seconds)
             if verdict is not None:
                 self._count("vertumnus_controller_whatif", verdict)
             if kappa is not None:
@@ -172,14 +167,13 @@ class PoolMetrics:
         with self._lock:
             self._count("vertumnus_reconfigurations", kind)
             for part, seconds in (("drain", drain_s), ("switch", switch_s), ("total", total_s)):
-                metric = f"vertumnus_reconfiguration_{part}_seconds"
-                self._observe(metric, RECONF_BUCKETS, seconds, kind)
+                self._observe(f"vertumnus_reconfiguration_{part}_seconds", seconds, kind)
 
     def domain_replaced(self, seconds: float) -> None:
         """A rolling update replaced a domain pod, ``seconds`` from its first drain."""
         with self._lock:
             self._count("vertumnus_operator_domain_pods_replaced")
-            self._observe("vertumnus_operator_domain_update_seconds", UPDATE_BUCKETS, seconds)
+            self._observe("vertumnus_operator_domain_update_seconds", seconds)
 
     def step_failed(self, error: str) -> None:
         with self._lock:
@@ -229,19 +223,31 @@ _COUNTERS = {
     ),
 }
 _HISTOGRAMS = {
+    # metric: (help, label name or "" for none, buckets)
     "vertumnus_controller_decision_seconds": (
         "The composition controller's time per look (wall, with the what-if check).",
         "",
+        DECISION_BUCKETS,
     ),
-    "vertumnus_reconfiguration_drain_seconds": ("Drain part of a transition.", "kind"),
+    "vertumnus_reconfiguration_drain_seconds": (
+        "Drain part of a transition.",
+        "kind",
+        RECONF_BUCKETS,
+    ),
     "vertumnus_reconfiguration_switch_seconds": (
         "Switch part of a transition (the engines' regroup).",
         "kind",
+        RECONF_BUCKETS,
     ),
-    "vertumnus_reconfiguration_total_seconds": ("A transition end to end.", "kind"),
+    "vertumnus_reconfiguration_total_seconds": (
+        "A transition end to end.",
+        "kind",
+        RECONF_BUCKETS,
+    ),
     "vertumnus_operator_domain_update_seconds": (
         "One domain pod's rolling update, from its first drain to its workers resumed.",
         "",
+        UPDATE_BUCKETS,
     ),
 }
 
@@ -360,7 +366,7 @@ class OperatorMetrics(Collector):
             if g.phase:
                 for ph in PHASES if g.phase in PHASES else (*PHASES, g.phase):
                     phase.add_metric([*ls, ph], 1.0 if ph == g.phase else 0.0)
-            gpus.add_metric(ls, g.gpus)
+            gpus.add_metric(ls, sum(degree * n for degree, n in g.workers.items()))
             ready.add_metric(ls, g.ready_gpus)
             in_flight.add_metric(ls, g.in_flight)
             outdated.add_metric(ls, g.outdated)
@@ -377,7 +383,7 @@ class OperatorMetrics(Collector):
                     if metric == name:
                         counter.add_metric([*p.labels, *([value] if label else [])], count)
             yield counter
-        for name, (doc, label) in _HISTOGRAMS.items():
+        for name, (doc, label, _) in _HISTOGRAMS.items():
             hist = HistogramMetricFamily(name, doc, labels=[*base, *([label] if label else [])])
             for p in pools:
                 for (metric, value), series in sorted(p.histograms.items()):
