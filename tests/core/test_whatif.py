@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -360,6 +361,20 @@ def test_the_compiled_replay_refuses_inconsistent_shapes(model):
         )  # fmt: skip
 
 
+def prefixes(table: whatif.RequestTable) -> list[tuple[int, list[int]]]:
+    """Per row, the prefix it reused and those it carries (of the prefixes some row
+    reuses), each numbered by its first reuse: the same for two tables of the same
+    rows however their ids were given."""
+    first: dict[int, int] = {}
+    for i in table.reused.tolist():
+        if i >= 0:
+            first.setdefault(i, len(first))
+    return [
+        (first.get(r, -1), sorted(first[i] for i in carried if i in first))
+        for r, carried in zip(table.reused.tolist(), table.lists()[2], strict=True)
+    ]
+
+
 def test_the_windows_columns_give_the_table_of_their_rows(model):
     w = ControlWindows(planner.PlannerSettings(window_s=30.0, hop_s=10.0))
     import random
@@ -379,35 +394,78 @@ def test_the_windows_columns_give_the_table_of_their_rows(model):
         if hop < 2:
             w.close_hop()
     cols = w.columns()
-    assert [len(part) for _, part in cols.key_index] and len(cols.key_index) == 3
     # A key one request of the hop carries is indexed by its position (an int, which
     # the garbage collector does not walk); several carriers make a list.
-    values = [v for _, part in cols.key_index for v in part.values()]
+    values = [v for part in w._parts() for v in part.keys.values()]
+    assert len(w._parts()) == 3
     assert any(isinstance(v, int) for v in values) and any(isinstance(v, list) for v in values)
     assert all(isinstance(v, int) or len(v) >= 2 for v in values)
     assert cols.arrivals.tolist() == [r[0] for r in rows]
     assert cols.lengths.tolist() == [r[1] for r in rows]
     assert cols.cached.tolist() == [r[2] for r in rows]
+    # One id per reused key.
     reused = [whatif.reused_key(r[3], r[2], BS) for r in rows]
-    assert cols.reuses.tolist() == [k is not None for k in reused]
-    assert [int(k) for k, on in zip(cols.reused_keys, cols.reuses, strict=True) if on] == [
-        k for k in reused if k is not None
-    ]
-    # The table of the windows' columns (their key index, kept at placement) is the
-    # table of the same rows indexed afresh: the same carried prefixes per request (ids
-    # numbered alike: both number the reused keys in sorted order) and the same replay.
+    assert [i >= 0 for i in cols.reused.tolist()] == [k is not None for k in reused]
+    ids = {k: i for k, i in zip(reused, cols.reused.tolist(), strict=True) if k is not None}
+    assert len(set(ids.values())) == len(ids)
+    # The table of the windows' columns (their carriers paired at placement) is the
+    # table of the same rows paired afresh: the same carried prefixes per request and
+    # the same replay.
     columnar = whatif.RequestTable.of_columns(cols, model, (4, 8))
     fresh = whatif.RequestTable(rows, BS, model, (4, 8))
-    assert columnar.reused.tolist() == fresh.reused.tolist()
-    # Each request's carried ids in ascending order, however the key index is split.
+    assert prefixes(columnar) == prefixes(fresh)
+    # Each request's carried ids in ascending order (the order the replay reads them).
     carried = columnar.lists()[2]
-    assert carried == fresh.lists()[2]
     assert all(c == sorted(c) for c in carried) and any(len(c) > 1 for c in carried)
     for comp in ("2xCP4", "1xCP4+1xCP8", "2xCP8"):
         c = Composition.parse(comp)
         assert whatif.estimate(columnar, c, PlacementParams()) == whatif.estimate(
             fresh, c, PlacementParams()
         )
+
+
+def test_the_windows_pair_carriers_as_the_window_slides(model):
+    # Ten hops through a window of three: documents reused in bursts, so that a key
+    # is carried before anyone reuses it (found in the older hops when it first is),
+    # stops being reused long enough to be forgotten, and is reused again. At every
+    # hop the table of the windows' columns is the table of the window's rows alone.
+    import random
+
+    rng = random.Random(23)
+    w = ControlWindows(planner.PlannerSettings(window_s=30.0, hop_s=10.0))
+    hops: list[list[tuple[float, int, int, tuple[int, ...]]]] = []
+    for hop in range(10):
+        rows = []
+        for i in range(25):
+            doc = rng.randrange(8)
+            shared = rng.randrange(1, 5)
+            own = rng.randrange(0, 4)
+            keys = tuple(1000 * doc + j for j in range(shared)) + tuple(
+                10**6 + 100 * (25 * hop + i) + j for j in range(own)
+            )
+            # Document d is reused in two hops in a row, then carried without being
+            # reused for four (long enough to be forgotten), and so on.
+            reuse = (hop // 2) % 3 == doc % 3 and rng.random() < 0.7
+            cached = rng.randrange(1, shared + 1) * BS if reuse else 0
+            req = Request(25 * hop + i, 10.0 * hop + 0.4 * i, len(keys) * BS, keys)
+            w.placed(req, 1.0, cached)
+            rows.append((req.arrival_s, req.length, cached, keys))
+        hops.append(rows)
+        window = [r for h in hops[-3:] for r in h]
+        columnar = whatif.RequestTable.of_columns(w.columns(), model, (4, 8))
+        fresh = whatif.RequestTable(window, BS, model, (4, 8))
+        assert prefixes(columnar) == prefixes(fresh), f"hop {hop}"
+        assert columnar.carry_ptr[-1] > 0
+        c = Composition.parse("1xCP4+1xCP8")
+        assert whatif.estimate(columnar, c, PlacementParams()) == whatif.estimate(
+            fresh, c, PlacementParams()
+        )
+        w.close_hop()
+    # Only the keys reused in the hops kept are still paired at placement, and the ids
+    # of the others are given again.
+    kept = {k for p in [*w._seen_hops, w._seen] for k in p.reused_keys}
+    assert set(w._ids) == kept
+    assert len(w._id_keys) < len({k for h in hops for r in h for k in r[3]})
 
 
 def test_the_table_cut_at_a_change_is_the_table_of_the_requests_since_it(model):
@@ -488,11 +546,38 @@ def test_a_horizon_weighs_a_lasting_gain_against_a_one_off_transition(model):
         settings(whatif_horizon=0)
 
 
-def test_p90_is_numpys_percentile_bit_for_bit():
+@pytest.mark.parametrize("path", ["c", "python"])
+def test_p90_is_numpys_percentile_bit_for_bit(path, monkeypatch):
+    if path == "c" and whatif.HOT_PATH != "c":
+        pytest.skip("built without a C compiler")
+    monkeypatch.setattr(whatif, "HOT_PATH", path)
     rng = np.random.default_rng(0)
-    for n in [*range(1, 60), 1000, 15409]:
-        for values in (rng.lognormal(0.0, 1.0, n), rng.integers(0, 4, n) * 0.1):
+    for n in [*range(1, 60), 1000, 1024, 1100, 15409, 23085, 40000]:
+        ramp = np.sort(rng.random(n))
+        for values in (
+            rng.lognormal(0.0, 1.0, n),
+            rng.integers(0, 4, n) * 0.1,  # ties across the P90
+            ramp,
+            ramp[::-1].copy(),
+            np.concatenate([ramp[: n // 3], np.full(n - n // 3, 1e300)]),
+            np.full(n, 2.5),
+        ):
             assert whatif.p90(values.copy()) == float(np.percentile(values, 90))
+
+
+def test_the_compiled_order_pair_is_the_sorted_pair():
+    if whatif.HOT_PATH != "c":
+        pytest.skip("built without a C compiler")
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        n = int(rng.integers(2, 30000))
+        values = rng.lognormal(0.0, 2.0, n)
+        k = int(rng.integers(0, n - 1))
+        values[rng.random(n) < 0.01] = math.inf  # the order holds past the finite
+        ordered = np.sort(values)
+        assert whatif.order_pair(values, k) == (ordered[k], ordered[k + 1])
+    with pytest.raises(ValueError, match="k=9 outside"):
+        whatif.order_pair(np.zeros(10), 9)
 
 
 def test_between_windows_the_check_alone_looks_and_only_a_decisive_gain_moves(model):

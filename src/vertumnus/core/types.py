@@ -71,7 +71,7 @@ class Composition:
     def __post_init__(self) -> None:
         if not self.degrees:
             raise ValueError("a composition needs at least one worker")
-        if any(d < 1 for d in self.degrees):
+        if min(self.degrees) < 1:
             raise ValueError(f"worker degrees must be >= 1, got {self.degrees}")
         object.__setattr__(self, "degrees", tuple(sorted(self.degrees)))
 

@@ -10,7 +10,8 @@ window is the sum of its last hops (:class:`ControlWindows`):
   the newest hop is the observation's ``fresh_*`` part;
 - **the requests themselves**, column by column with an index of their
   blocks, for the what-if check's request table
-  (:class:`vertumnus.core.whatif.RequestTable`);
+  (:class:`vertumnus.core.whatif.RequestTable`), and for each prefix a
+  request reused, the requests that carry it, paired as they are placed;
 - **reuse weights**: the cached blocks each worker reused recently, halving
   per window, so that the planner ranks a reconfiguration of a worker whose
   cache is in demand after one whose cache is cold.
@@ -24,7 +25,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -36,13 +37,20 @@ __all__ = ["ControlWindows"]
 
 class _SeenHop:
     """One hop's requests for the what-if check, column by column (arrays
-    appended per placement, so that the check's table is array work), and the key
-    index (block key → positions of the hop's requests that carry it), so that the
-    check looks up the reused prefixes instead of scanning every block of the window."""
+    appended per placement, so that the check's table is array work), the key
+    index (block key → positions of the hop's requests that carry it), and the
+    carrier pairs found during the hop (see :meth:`ControlWindows.seen`)."""
 
-    __slots__ = ("arrivals", "cached", "keys", "lengths", "reused_keys", "reuses", "whole")
+    __slots__ = (
+        "arrivals", "cached", "carrier_ids", "carrier_keys", "carrier_rows", "first", "keys",
+        "lengths", "reused", "reused_keys", "serial", "whole",
+    )  # fmt: skip
 
-    def __init__(self) -> None:
+    def __init__(self, serial: int, first: int) -> None:
+        self.serial = serial
+        """The hop's number, counted from the windows' creation."""
+        self.first = first
+        """The number of the hop's first request, counted over every hop."""
         self.whole = True
         """False: some of the hop's requests are missing (a report was cut)."""
         self.keys: dict[int, int | list[int]] = {}
@@ -53,13 +61,42 @@ class _SeenHop:
         self.arrivals = array("d")
         self.lengths = array("q")
         self.cached = array("q")
+        self.reused = array("q")
+        """The prefix id of each request's last cached block (-1: none)."""
         self.reused_keys = array("Q")
-        self.reuses = array("b")
+        """The keys the hop's requests reused (with repeats)."""
+        self.carrier_ids = array("q")
+        self.carrier_keys = array("Q")
+        self.carrier_rows = array("q")
+        """Pairs (prefix id and its key, number of a request carrying it) found in this hop."""
 
-    def add(self, request: Request, cached_tokens: int, block_size: int) -> None:
-        keys = request.block_keys
+    def carriers(self, key: int) -> list[int]:
+        """The numbers of the hop's requests that carry ``key``."""
+        at = self.keys.get(key)
+        if at is None:
+            return []
+        return [self.first + at] if isinstance(at, int) else [self.first + p for p in at]
+
+    def pair(self, prefix: int, key: int, number: int) -> None:
+        self.carrier_ids.append(prefix)
+        self.carrier_keys.append(key)
+        self.carrier_rows.append(number)
+
+    def add(
+        self,
+        request: Request,
+        cached_tokens: int,
+        reused: int | None,
+        prefix: int,
+        ids: Mapping[int, int],
+    ) -> None:
+        """``request`` seen; ``reused``: the key of its last cached block (None: no whole
+        block), ``prefix`` that key's id (-1: none); ``ids``: the reused keys whose
+        carriers are paired, and their ids (see :meth:`ControlWindows.seen`)."""
         index = self.keys
         pos = len(self.arrivals)
+        number = self.first + pos
+        keys = request.block_keys
         for k in keys:
             found = index.get(k)
             if found is None:
@@ -68,12 +105,14 @@ class _SeenHop:
                 index[k] = [found, pos]
             else:
                 found.append(pos)
+        for k in ids.keys() & keys:
+            self.pair(ids[k], k, number)
         self.arrivals.append(request.arrival_s)
         self.lengths.append(request.length)
         self.cached.append(cached_tokens)
-        reused = whatif.reused_key(keys, cached_tokens, block_size)
-        self.reused_keys.append(0 if reused is None else reused)
-        self.reuses.append(reused is not None)
+        self.reused.append(prefix)
+        if reused is not None:
+            self.reused_keys.append(reused)
 
 
 class ControlWindows:
@@ -89,9 +128,17 @@ class ControlWindows:
         """The last H/h hops' (demand, requests, long requests, long demand), newest last."""
         self._reuse: dict[int, float] = {}
         self.block_size = block_size
-        self._seen = _SeenHop()
+        self._seen = _SeenHop(0, 0)
         self._seen_hops: deque[_SeenHop] = deque(maxlen=settings.hops_per_window)
-        """The open hop's and the last hops' requests, for the what-if check."""
+        """The last hops' requests (the open hop's in ``_seen``), for the what-if check."""
+        self._ids: dict[int, int] = {}
+        """Reused key → its prefix id, while a hop kept has a request reusing it: the
+        keys whose carriers :meth:`seen` pairs."""
+        self._id_keys = array("Q")
+        """Prefix id → its key (the last one given the id: ids are given again)."""
+        self._id_serials = array("q")
+        """Prefix id → the serial of the newest hop with a request reusing its key."""
+        self._free_ids: list[int] = []
 
     def placed(self, request: Request, estimate_s: float, cached_tokens: int = 0) -> None:
         """A request's first placement: its Ê counts in the open hop (``cached_tokens``:
@@ -104,8 +151,38 @@ class ControlWindows:
         self.seen(request, cached_tokens)
 
     def seen(self, request: Request, cached_tokens: int) -> None:
-        """A request for the what-if check only (its demand counted by :meth:`add`)."""
-        self._seen.add(request, cached_tokens, self.block_size)
+        """A request for the what-if check only (its demand counted by :meth:`add`).
+
+        The check's table needs, for every prefix a request of the window
+        reused, the requests of the window that carry it. They are paired here,
+        at placement, so that the look pays array work instead of looking every
+        reused key up in every hop's index: a request's blocks that are
+        reused keys are paired with it, and a key reused for the first time
+        (while kept) is looked up once in the window's hops."""
+        hop = self._seen
+        key = whatif.reused_key(request.block_keys, cached_tokens, self.block_size)
+        prefix = -1
+        if key is not None:
+            prefix = self._ids.get(key, -1)
+            if prefix < 0:
+                prefix = self._new_id(key)
+                for part in self._parts():
+                    for number in part.carriers(key):
+                        hop.pair(prefix, key, number)
+            self._id_serials[prefix] = hop.serial
+        hop.add(request, cached_tokens, key, prefix, self._ids)
+
+    def _new_id(self, key: int) -> int:
+        """A prefix id for ``key`` (a free one, else the next)."""
+        if self._free_ids:
+            prefix = self._free_ids.pop()
+            self._id_keys[prefix] = key
+        else:
+            prefix = len(self._id_keys)
+            self._id_keys.append(key)
+            self._id_serials.append(0)
+        self._ids[key] = prefix
+        return prefix
 
     def _parts(self) -> list[_SeenHop]:
         """The window's hops, oldest first."""
@@ -138,18 +215,24 @@ class ControlWindows:
         """The window's requests column by column, for :meth:`RequestTable.of_columns
         <vertumnus.core.whatif.RequestTable.of_columns>`."""
         parts = self._parts()
-        offsets = np.cumsum([0] + [len(p.arrivals) for p in parts[:-1]]).tolist()
 
         def cat(name: str, dtype: type) -> np.ndarray:
             return np.concatenate([np.frombuffer(getattr(p, name), dtype=dtype) for p in parts])
 
+        # Pairs made in the window's hops may name requests of the hops before it,
+        # and ids given again since to another key.
+        rows = cat("carrier_rows", np.int64) - parts[0].first
+        ids = cat("carrier_ids", np.int64)
+        id_keys = np.frombuffer(self._id_keys, dtype=np.uint64)
+        valid = (rows >= 0) & (id_keys[ids] == cat("carrier_keys", np.uint64))
         return whatif.Columns(
             arrivals=cat("arrivals", np.float64),
             lengths=cat("lengths", np.int64),
             cached=cat("cached", np.int64),
-            reused_keys=cat("reused_keys", np.uint64),
-            reuses=cat("reuses", np.int8).astype(bool),
-            key_index=[(o, p.keys) for o, p in zip(offsets, parts, strict=True)],
+            reused=cat("reused", np.int64),
+            n_prefixes=len(id_keys),
+            carrier_ids=ids[valid],
+            carrier_rows=rows[valid],
         )
 
     def add(self, demand_s: float, requests: int, long_requests: int, long_demand_s: float) -> None:
@@ -209,8 +292,18 @@ class ControlWindows:
         (halving per window)."""
         self._buckets.append((self._demand, self._requests, self._long, self._long_demand))
         self._demand, self._requests, self._long, self._long_demand = 0.0, 0, 0, 0.0
-        self._seen_hops.append(self._seen)
-        self._seen = _SeenHop()
+        done = self._seen
+        if len(self._seen_hops) == self._seen_hops.maxlen:
+            # The oldest hop goes: its reused keys are no longer wanted unless a
+            # newer hop reused them too.
+            gone = self._seen_hops[0]
+            for k in set(gone.reused_keys):
+                prefix = self._ids.get(k)
+                if prefix is not None and self._id_serials[prefix] == gone.serial:
+                    del self._ids[k]
+                    self._free_ids.append(prefix)
+        self._seen_hops.append(done)
+        self._seen = _SeenHop(done.serial + 1, done.first + len(done.arrivals))
         decay = 0.5 ** (self.settings.hop / self.settings.window_s)
         for w in self._reuse:
             self._reuse[w] *= decay
