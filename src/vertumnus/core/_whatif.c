@@ -534,14 +534,14 @@ order_pair(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         for (Py_ssize_t i = 0; i < m; i++)
             buf[i] = x[i * stride];
         /* The sample's ranks around k's, widened by ~3 standard deviations of
-         * a sample rank (sqrt(m)/2 at most). */
+         * a sample rank (sqrt(m)/2 at most); rl < rh since r < m and g > 0. */
         Py_ssize_t r = (Py_ssize_t)((double)k * (double)m / (double)n);
         Py_ssize_t g = 2 + (Py_ssize_t)(1.5 * sqrt((double)m));
         Py_ssize_t rl = r - g < 0 ? 0 : r - g, rh = r + g + 1 >= m ? m - 1 : r + g + 1;
         select_kth(buf, m, rh);
         double high = buf[rh];
-        select_kth(buf, rh, rl < rh ? rl : rh - 1);
-        double low = rl < rh ? buf[rl] : high;
+        select_kth(buf, rh, rl);
+        double low = buf[rl];
         Py_ssize_t below = 0, within = 0;
         for (Py_ssize_t i = 0; i < n; i++) {
             double v = x[i];

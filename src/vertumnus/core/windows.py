@@ -43,7 +43,7 @@ class _SeenHop:
 
     __slots__ = (
         "arrivals", "cached", "carrier_ids", "carrier_keys", "carrier_rows", "first", "keys",
-        "lengths", "reused", "reused_keys", "serial", "whole",
+        "lengths", "reused", "serial", "whole",
     )  # fmt: skip
 
     def __init__(self, serial: int, first: int) -> None:
@@ -63,8 +63,6 @@ class _SeenHop:
         self.cached = array("q")
         self.reused = array("q")
         """The prefix id of each request's last cached block (-1: none)."""
-        self.reused_keys = array("Q")
-        """The keys the hop's requests reused (with repeats)."""
         self.carrier_ids = array("q")
         self.carrier_keys = array("Q")
         self.carrier_rows = array("q")
@@ -83,16 +81,11 @@ class _SeenHop:
         self.carrier_rows.append(number)
 
     def add(
-        self,
-        request: Request,
-        cached_tokens: int,
-        reused: int | None,
-        prefix: int,
-        ids: Mapping[int, int],
+        self, request: Request, cached_tokens: int, prefix: int, ids: Mapping[int, int]
     ) -> None:
-        """``request`` seen; ``reused``: the key of its last cached block (None: no whole
-        block), ``prefix`` that key's id (-1: none); ``ids``: the reused keys whose
-        carriers are paired, and their ids (see :meth:`ControlWindows.seen`)."""
+        """``request`` seen; ``prefix``: the id of the prefix it reused (its last cached
+        block; -1: none); ``ids``: the reused keys whose carriers are paired, and their
+        ids (see :meth:`ControlWindows.seen`)."""
         index = self.keys
         pos = len(self.arrivals)
         number = self.first + pos
@@ -111,8 +104,6 @@ class _SeenHop:
         self.lengths.append(request.length)
         self.cached.append(cached_tokens)
         self.reused.append(prefix)
-        if reused is not None:
-            self.reused_keys.append(reused)
 
 
 class ControlWindows:
@@ -170,7 +161,7 @@ class ControlWindows:
                     for number in part.carriers(key):
                         hop.pair(prefix, key, number)
             self._id_serials[prefix] = hop.serial
-        hop.add(request, cached_tokens, key, prefix, self._ids)
+        hop.add(request, cached_tokens, prefix, self._ids)
 
     def _new_id(self, key: int) -> int:
         """A prefix id for ``key`` (a free one, else the next)."""
@@ -295,12 +286,12 @@ class ControlWindows:
         done = self._seen
         if len(self._seen_hops) == self._seen_hops.maxlen:
             # The oldest hop goes: its reused keys are no longer wanted unless a
-            # newer hop reused them too.
+            # newer hop reused them too. Its ids are still its keys' (an id is
+            # given again only after the newest hop reusing its key has gone).
             gone = self._seen_hops[0]
-            for k in set(gone.reused_keys):
-                prefix = self._ids.get(k)
-                if prefix is not None and self._id_serials[prefix] == gone.serial:
-                    del self._ids[k]
+            for prefix in set(gone.reused) - {-1}:
+                if self._id_serials[prefix] == gone.serial:
+                    del self._ids[self._id_keys[prefix]]
                     self._free_ids.append(prefix)
         self._seen_hops.append(done)
         self._seen = _SeenHop(done.serial + 1, done.first + len(done.arrivals))
