@@ -131,11 +131,8 @@ def chart(k8s, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def operator(chart, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    """The session's operator: a real `python -m vertumnus.operator run` process, all
-    namespaces, under the chart's ServiceAccount, peering priority 10 (tests that start
-    their own operators give them higher priorities; this one pauses meanwhile), its
-    ``/metrics`` on a loopback port (``operator.scrape()``)."""
+def session_operator(chart, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """The session's operator process (tests use :func:`operator`)."""
     from vertumnus.ports import free_port_base
 
     log = tmp_path_factory.mktemp("operator") / "operator.log"
@@ -147,6 +144,36 @@ def operator(chart, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture
+def operator(session_operator) -> Iterator:
+    """The session's operator: a real `python -m vertumnus.operator run` process, all
+    namespaces, under the chart's ServiceAccount, peering priority 10 (tests that start
+    their own operators give them higher priorities; this one pauses meanwhile), its
+    ``/metrics`` on a loopback port (``operator.scrape()``).
+
+    Each test gets it acting: a test that ran a higher-priority operator leaves it paused
+    until that operator's peering entry is gone (at once after SIGTERM, after its lifetime
+    when killed), and the next test must not begin while it is.
+    """
+    operator_support.wait_for(
+        "the session operator to be active (not paused by another's peering entry)",
+        30,
+        session_operator.active,
+    )
+    yield session_operator
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator:
+    """A failed test that used the session's operator shows the end of its log."""
+    outcome = yield
+    report = outcome.get_result()
+    proc = getattr(item, "funcargs", {}).get("operator")
+    if report.when == "call" and report.failed and proc is not None:
+        tail = "\n".join(proc.log().splitlines()[-60:])
+        report.sections.append(("the session operator's log, last 60 lines", tail))
 
 
 @pytest.fixture

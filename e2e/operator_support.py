@@ -188,6 +188,12 @@ class OperatorProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def active(self) -> bool:
+        """kopf last logged a resume (at its start too), not a pause for a higher peer."""
+        log = self.log()
+        resumed = log.rfind("Resuming operations")
+        return resumed >= 0 and resumed > log.rfind("Pausing operations")
+
     def kill(self) -> None:
         """SIGKILL: an operator that dies mid-work, leaving its peering entry behind."""
         if self.proc is not None:

@@ -659,13 +659,9 @@ def test_two_operator_replicas_only_one_acts(
         # paused (from its start, or from when it sees the other).
         wait_for("both replicas in the peering object", 20, lambda: {70, 80} <= peers())
 
-        def a_paused() -> bool:
-            # kopf starts paused and resumes only on a peering view without a higher peer;
-            # b is in the object already, so a paused now stays paused.
-            log = a.log()
-            return log.rfind("Pausing operations") >= log.rfind("Resuming operations")
-
-        wait_for("replica-a to hold back", 20, a_paused)
+        # kopf starts paused and resumes only on a peering view without a higher peer;
+        # b is in the object already, so a paused now stays paused.
+        wait_for("replica-a to hold back", 20, lambda: not a.active())
         ops.apply(k8s, cppool("pair", namespace, 8, label, composition=[{"count": 1, "degree": 8}]))
         wait_for("Ready", 30, _ready(k8s, namespace, "pair", "1xCP8"))
         _annotate_router(k8s, namespace, "pair", fake_router)
@@ -690,7 +686,7 @@ def test_two_operator_replicas_only_one_acts(
 
 
 def test_a_lost_domain_pod_is_recreated_with_the_grouping_in_force(
-    k8s, operator, namespace, fake_router
+    k8s, chart, operator, namespace, fake_router, tmp_path
 ):
     with gpu_nodes(k8s, 2) as label:
         st = _mixed_pool(k8s, namespace, "lossy", label)
@@ -704,7 +700,22 @@ def test_a_lost_domain_pod_is_recreated_with_the_grouping_in_force(
 
         st = wait_for("DomainLost", 20, degraded)
         assert st["phase"] == "Degraded" and st["readyGPUs"] == 8
-        with gpu_nodes(k8s, 1) as more:
+
+        # An operator that takes over during the loss (the old one may have run on the lost
+        # node) knows from the status that the pool ran: a loss, not a pool being placed.
+        def lost_by(instance):
+            return [
+                e
+                for e in events(k8s, namespace, "lossy")
+                if e["reason"] == "DomainLost" and e.get("reportingInstance") == instance
+            ]
+
+        successor = ops.OperatorProcess(
+            chart, tmp_path / "successor.log", priority=40, name="successor"
+        )
+        with successor, gpu_nodes(k8s, 1) as more:
+            wait_for("the successor to report the loss", 20, lambda: lost_by("successor"))
+            assert degraded()
             k8s.kubectl(
                 "label",
                 "node",

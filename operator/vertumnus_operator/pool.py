@@ -59,7 +59,14 @@ from vertumnus.operator.repairs import Repairs
 from vertumnus.operator.rollout import Rollout
 from vertumnus.operator.routerapi import AdminError, RouterAdmin
 from vertumnus.operator.serialize import StateError
-from vertumnus.operator.status import Observation, Problem, StatusStore, build_status
+from vertumnus.operator.status import (
+    Observation,
+    Problem,
+    StatusStore,
+    build_status,
+    condition,
+    ran_before,
+)
 from vertumnus.operator.transitions import TransitionRunner
 from vertumnus.profiles import ProfileError, load_capacity, load_model
 
@@ -375,8 +382,6 @@ class PoolRuntime:
         await self._say_once(f"invalid:{generation}", "Warning", "InvalidSpec", str(err))
         status = dict(obj.get("status") or {})
         prev = status.get("conditions") or []
-        from vertumnus.operator.status import condition
-
         now = self.clock()
         conds = [
             condition("Ready", False, "InvalidSpec", str(err), generation, prev, now),
@@ -409,6 +414,9 @@ class PoolRuntime:
             layout = layout_for(spec.initial_composition(), spec.gpus_per_domain)
             record = Record(tr.initial_pool(layout))
         self.conditions = list(status.get("conditions") or [])
+        # A daemon restarted (a new operator, a pause of this one) while a node is lost
+        # must still call it a loss.
+        self.was_ready = self.was_ready or ran_before(status, record)
         self.rollout.restore(record.rolling, time.monotonic())
         first, self.loaded = not self.loaded, True
         self.store = StatusStore(

@@ -29,7 +29,16 @@ from vertumnus.operator.gang import GangStatus
 from vertumnus.operator.kube import Conflict, KubeClient, object_path
 from vertumnus.operator.record import LostRecord, Record, encode_record
 
-__all__ = ["PHASES", "Observation", "Problem", "StatusStore", "build_status", "condition", "iso"]
+__all__ = [
+    "PHASES",
+    "Observation",
+    "Problem",
+    "StatusStore",
+    "build_status",
+    "condition",
+    "iso",
+    "ran_before",
+]
 
 PHASES = ("Pending", "Unschedulable", "Ready", "Updating", "Degraded", "Draining", "Switching")
 """Every ``status.phase`` :func:`build_status` writes (the printer column's values)."""
@@ -279,6 +288,23 @@ def build_status(
         "lastCheck": record.last_check,
         "conditions": [ready, progressing, degraded, gang],
     }
+
+
+def ran_before(status: Mapping[str, Any], record: Record) -> bool:
+    """Whether the pool had every domain pod ready once, judged from the status an earlier
+    operator (or this one before a pause) wrote: a domain pod missing now is then a loss
+    (``Degraded``/``DomainLost``), not a pool still being placed.
+
+    Evidence: the ``Ready`` condition is True, a loss is already reported, or the record
+    holds what only a pool that ran makes (a transition or a rolling update, in flight or
+    committed).
+    """
+    conds = {c.get("type"): c for c in status.get("conditions") or ()}
+    return (
+        (conds.get("Ready") or {}).get("status") == "True"
+        or (conds.get("Degraded") or {}).get("reason") == "DomainLost"
+        or bool(record.pool.transitions or record.rolling or record.last_transition)
+    )
 
 
 class StatusStore:

@@ -22,7 +22,13 @@ from vertumnus.core.types import Composition
 from vertumnus.operator.gang import GangStatus
 from vertumnus.operator.kube import KubeClient
 from vertumnus.operator.record import LostRecord, Record
-from vertumnus.operator.status import Observation, Problem, StatusStore, build_status
+from vertumnus.operator.status import (
+    Observation,
+    Problem,
+    StatusStore,
+    build_status,
+    ran_before,
+)
 
 
 def _record(text="2xCP8") -> Record:
@@ -105,6 +111,22 @@ def test_a_missing_gang_api_and_a_degraded_pool():
     st = build_status(_record(), obs, [], 0.0)
     assert st["phase"] == "Degraded" and _cond(st, "Degraded")["reason"] == "NeedsNewPods"
     assert _cond(st, "Ready")["status"] == "True"  # still serving as it was
+
+
+def test_a_restarted_operator_knows_from_the_status_whether_the_pool_ran():
+    """A domain missing after a restart is a loss only if the pool ran before: the status
+    written by the previous operator says so (the daemon's own memory is gone)."""
+    ready = Observation(
+        domains=2, bound=2, ready_domains={0, 1}, gang=GangStatus(True, "Scheduled", "")
+    )
+    placing = Observation(domains=2, bound=1, ready_domains={0})
+    lost = replace(placing, problems=[Problem("Degraded", "DomainLost", "1 of 2 lost")])
+    assert ran_before(build_status(_record(), ready, [], 0.0), _record())
+    assert ran_before(build_status(_record(), lost, [], 0.0), _record())
+    assert not ran_before(build_status(_record(), placing, [], 0.0), _record())
+    assert not ran_before({}, _record())  # a new CPPool
+    committed = replace(_record(), last_transition={"id": 1, "kind": "split"})
+    assert ran_before(build_status(committed, placing, [], 0.0), committed)
 
 
 def test_a_transition_in_flight_shows_its_phase_and_workers():
