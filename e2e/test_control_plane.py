@@ -114,6 +114,19 @@ def test_fake_gpu_nodes_become_ready_and_run_pods(k8s, namespace):
     assert condition["reason"] == "Unschedulable"
     assert f"Insufficient {kc.GPU_RESOURCE}" in condition["message"]
 
+    # The nodes stay Ready past the node lifecycle controller's grace period (50 s): kwok
+    # renews a Lease for each, as a kubelet does. Without it they were marked NotReady
+    # 50 s after they were made, and their pods' Ready with them, for good.
+    def lease(name):
+        status, body = k8s.api(
+            "GET", f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}"
+        )
+        return body["spec"] if status == 200 else None
+
+    first = _wait("the node Leases", 20, lambda: all(lease(n) for n in names) and lease(names[0]))
+    assert first["leaseDurationSeconds"] == 40
+    _wait("a Lease renewed", 30, lambda: lease(names[0])["renewTime"] != first["renewTime"])
+
     for name in names:
         k8s.remove_node(name, delete_pods=True)
     assert not set(names) & {

@@ -494,6 +494,12 @@ class Cluster:
             f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}={FAKE_NODE_VALUE}",
             # Pod IPs come from here; the default /24 runs out at a few hundred pods.
             "--cidr=10.0.0.0/16",
+            # Standalone kwok keeps no node Leases unless told (its 40 s default is applied
+            # only to a configuration file). Without them the node lifecycle controller
+            # hears from a node only through its status, which the heartbeat stage renews
+            # every 10-20 minutes: 50 s after a node is made it is marked NotReady, its
+            # pods' Ready turns False, and no kwok stage ever turns it back.
+            "--node-lease-duration-seconds=40",
             *stages,
         ]
 
