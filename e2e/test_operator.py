@@ -736,6 +736,50 @@ def test_a_lost_domain_pod_is_recreated_with_the_grouping_in_force(
             k8s.kubectl("delete", "cppool", "lossy", "-n", namespace, "--timeout=30s")
 
 
+def test_a_ready_pool_watches_its_pods_and_router_instead_of_listing_them(k8s, operator, namespace):
+    # Each pool keeps watched copies of its domain pods and of its router's EndpointSlices
+    # (vertumnus.operator.informer): its steps, about one a second, list neither. Counted
+    # by the operator itself (the API server's counts include kwok's and the controllers'
+    # lists, which come and go with the nodes of other tests).
+    def api(verb, resource):
+        m = operator.scrape()
+        return (
+            _sample(m, "vertumnus_operator_api_requests_total", verb=verb, resource=resource) or 0
+        )
+
+    with gpu_nodes(k8s, 2) as label:
+        watches = api("watch", "pods"), api("watch", "endpointslices")
+        _mixed_pool(k8s, namespace, "watched", label)
+        wait_for(
+            "the pool's watches",
+            10,
+            lambda: (
+                api("watch", "pods") > watches[0] and api("watch", "endpointslices") > watches[1]
+            ),
+        )
+        time.sleep(1.0)  # past the pool's first steps
+        before = api("list", "pods"), api("list", "endpointslices")
+        time.sleep(8.0)
+        lists = api("list", "pods") - before[0], api("list", "endpointslices") - before[1]
+        assert lists == (0, 0), lists  # a list per step: about 8 of each
+        # The copy follows the pods: one deleted by hand is made again.
+        uid = {
+            p["metadata"]["name"]: p["metadata"]["uid"]
+            for p in engine_pods(k8s, namespace, "watched")
+        }
+        k8s.kubectl("delete", "pod", "watched-d0", "-n", namespace, "--wait=false")
+        wait_for(
+            "the deleted pod made again",
+            20,
+            lambda: any(
+                p["metadata"]["name"] == "watched-d0" and p["metadata"]["uid"] != uid["watched-d0"]
+                for p in engine_pods(k8s, namespace, "watched")
+            ),
+        )
+        wait_for("Ready again", 30, _ready(k8s, namespace, "watched"))
+        k8s.kubectl("delete", "cppool", "watched", "-n", namespace, "--timeout=30s")
+
+
 def test_a_new_engine_image_rolls_the_domain_pods_one_at_a_time(
     k8s, operator, namespace, fake_router
 ):

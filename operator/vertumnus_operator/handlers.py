@@ -69,6 +69,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
         lifetime = os.environ.get("VERTUMNUS_PEERING_LIFETIME")
         configure(settings, int(lifetime) if lifetime else None)
         memo["kube"] = KubeClient(connection_info())
+        if memo.get("metrics") is not None:  # OperatorMetrics, from kopf.run(memo=...)
+            memo["metrics"].api_requests = memo["kube"].requests
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:

@@ -1,6 +1,6 @@
 """A small async Kubernetes REST client (aiohttp), with the credentials kopf logs in with.
 
-The operator needs a handful of calls: server-side apply, create, get, list, merge
+The operator needs a handful of calls: server-side apply, create, get, list, watch, merge
 patch (with a resourceVersion precondition for the status), delete, and API discovery.
 A full generated client would add a large dependency for that; this is ~150 lines over
 aiohttp, which kopf already brings. Credentials come from kopf's own login functions
@@ -14,17 +14,19 @@ caller can tell a conflict (409) or a missing API (404) from a real failure.
 from __future__ import annotations
 
 import base64
+import builtins
+import collections
 import json
 import os
 import ssl
 import tempfile
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
 import aiohttp
 
-__all__ = ["Conflict", "KubeClient", "KubeError", "NotFound", "connection_info"]
+__all__ = ["Conflict", "KubeClient", "KubeError", "NotFound", "connection_info", "request_kind"]
 
 FIELD_MANAGER = "vertumnus-operator"
 
@@ -105,6 +107,9 @@ class KubeClient:
         self._ssl = ctx
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
+        """Requests made, by (verb, resource): what the operator costs the API server
+        (exported as ``vertumnus_operator_api_requests_total``)."""
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -142,18 +147,13 @@ class KubeClient:
         url = self.server + path
         if params:
             url += "?" + urlencode(params)
+        self.requests[request_kind(method, path)] += 1
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if data is not None else {}
         async with self._sess().request(method, url, data=data, headers=headers) as resp:
             text = await resp.text()
             if resp.status >= 400:
-                try:
-                    status = json.loads(text)
-                    reason, message = status.get("reason", ""), status.get("message", text)
-                except ValueError:
-                    reason, message = "", text
-                cls = {404: NotFound, 409: Conflict}.get(resp.status, KubeError)
-                raise cls(resp.status, reason, message, method, path)
+                raise _error(resp.status, text, method, path)
             return json.loads(text) if text else {}
 
     # ---- verbs -----------------------------------------------------------------------------
@@ -162,8 +162,46 @@ class KubeClient:
         return await self.request("GET", path)
 
     async def list(self, path: str, label_selector: str | None = None) -> list[Any]:
+        return (await self.list_versioned(path, label_selector))[0]
+
+    async def list_versioned(
+        self, path: str, label_selector: str | None = None
+    ) -> tuple[builtins.list[Any], str]:
+        """The items and the list's resourceVersion (where a watch of them starts)."""
         params = {"labelSelector": label_selector} if label_selector else None
-        return list((await self.request("GET", path, params=params)).get("items") or [])
+        got = await self.request("GET", path, params=params)
+        return list(got.get("items") or []), str(
+            (got.get("metadata") or {}).get("resourceVersion", "")
+        )
+
+    async def watch(
+        self, path: str, label_selector: str | None, resource_version: str, timeout_s: float
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """The watch events of a collection from ``resource_version``, with bookmarks, until
+        the server ends the watch after ``timeout_s`` (a stream silent for ``timeout_s`` plus
+        30 s is taken as broken: :class:`asyncio.TimeoutError`)."""
+        params = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": str(max(1, int(timeout_s))),
+        }
+        if label_selector:
+            params["labelSelector"] = label_selector
+        url = self.server + path + "?" + urlencode(params)
+        self.requests["watch", request_kind("GET", path)[1]] += 1
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0, sock_read=timeout_s + 30.0)
+        async with self._sess().get(url, timeout=timeout) as resp:
+            if resp.status >= 400:
+                raise _error(resp.status, await resp.text(), "WATCH", path)
+            buffer = b""
+            # One JSON object per line; a pod can exceed aiohttp's line limit, so split here.
+            async for chunk in resp.content.iter_any():
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
 
     async def create(self, path: str, body: Any, *, dry_run: bool = False) -> Any:
         params = (
@@ -209,6 +247,34 @@ class KubeClient:
         except NotFound:
             return False
         return True
+
+
+def _error(status: int, text: str, method: str, path: str) -> KubeError:
+    try:
+        body = json.loads(text)
+        reason, message = body.get("reason", ""), body.get("message", text)
+    except ValueError:
+        reason, message = "", text
+    cls = {404: NotFound, 409: Conflict}.get(status, KubeError)
+    return cls(status, reason, message, method, path)
+
+
+_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def request_kind(method: str, path: str) -> tuple[str, str]:
+    """The Kubernetes verb and resource of a REST call: ``("list", "pods")`` for a GET of
+    ``/api/v1/namespaces/ns/pods``, ``("patch", "cppools/status")`` for a PATCH of a
+    CPPool's status, ``("get", "")`` for discovery."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    # /api/v1/... or /apis/GROUP/VERSION/...
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        rest = rest[2:]  # a namespaced resource; "namespaces/NAME" alone is the namespace
+    resource = "/".join(rest[:1] + rest[2:3])
+    if method == "GET":
+        return ("list" if len(rest) == 1 else "get"), resource
+    return _VERBS.get(method, method.lower()), resource
 
 
 def object_path(

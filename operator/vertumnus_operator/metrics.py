@@ -24,6 +24,8 @@ metric                                                 what
 ``vertumnus_operator_domain_pods_replaced_total``      domain pods a rolling update replaced
 ``vertumnus_operator_domain_update_seconds``           one domain's update, first drain to resume
 ``vertumnus_operator_step_errors_total{error}``        reconcile steps that failed, by exception
+``vertumnus_operator_watch_failures_total{collection}``  watches of its pods/endpointslices that broke
+``vertumnus_operator_api_requests_total{verb,resource}``  the operator's API requests (no pool label)
 ``vertumnus_process_gc_pause_seconds{generation}``     the operator process's collector pauses
 =====================================================  ==========================================
 
@@ -179,6 +181,12 @@ class PoolMetrics:
         with self._lock:
             self._count("vertumnus_operator_step_errors", error)
 
+    def watch_failed(self, collection: str) -> None:
+        """A watch of the pool's ``pods`` or ``endpointslices`` broke (the loop lists them
+        until it is back)."""
+        with self._lock:
+            self._count("vertumnus_operator_watch_failures", collection)
+
     def forget(self) -> None:
         """Drop the pool's series (its loop stopped)."""
         self._owner.forget(self)
@@ -221,6 +229,11 @@ _COUNTERS = {
         "Steps of a pool's loop that failed (retried with backoff), by exception.",
         "error",
     ),
+    "vertumnus_operator_watch_failures": (
+        "Watches of the pool's domain pods or router EndpointSlices that broke; until one "
+        "is back, the pool's loop lists that collection at every step.",
+        "collection",
+    ),
 }
 _HISTOGRAMS = {
     # metric: (help, label name or "" for none, buckets)
@@ -262,6 +275,9 @@ class OperatorMetrics(Collector):
         self.gc_pauses = CollectorPauses()
         """Timed while ``/metrics`` is served (:meth:`serve`); drained at each scrape."""
         self._server: Any = None
+        self.api_requests: Mapping[tuple[str, str], int] | None = None
+        """The operator's API requests by (verb, resource) (its KubeClient's ``requests``),
+        set once the client exists."""
         self.registry = CollectorRegistry()
         self.registry.register(self)
 
@@ -315,7 +331,18 @@ class OperatorMetrics(Collector):
                 series.observe(seconds)
             pools = [_Copy.of(p) for p in self._pools.values()]
             gc = {g: b.copy() for g, b in self._gc_by_generation.items()}
+        # Counted on the operator's event loop; a dict copy is one step under the GIL.
+        requests = dict(self.api_requests or {})
         yield from self._families(pools, gc)
+        api = CounterMetricFamily(
+            "vertumnus_operator_api_requests",
+            "The operator's requests to the Kubernetes API server, by verb and resource "
+            "(a watch counts when it starts).",
+            labels=["verb", "resource"],
+        )
+        for (verb, resource), count in sorted(requests.items()):
+            api.add_metric([verb, resource], count)
+        yield api
 
     def _families(self, pools: list[_Copy], gc_series: dict[int, _Buckets]) -> Iterator[Metric]:
         base = ["namespace", "pool"]

@@ -29,7 +29,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -51,6 +51,7 @@ from vertumnus.operator.crd import (
     parse_spec,
 )
 from vertumnus.operator.events import KubeEvents
+from vertumnus.operator.informer import Informer
 from vertumnus.operator.kube import KubeClient, NotFound, object_path
 from vertumnus.operator.metrics import PoolMetrics
 from vertumnus.operator.reconcile import Reconciler
@@ -70,7 +71,7 @@ from vertumnus.operator.status import (
 from vertumnus.operator.transitions import TransitionRunner
 from vertumnus.profiles import ProfileError, load_capacity, load_model
 
-__all__ = ["PoolRuntime", "Stopped", "router_addresses"]
+__all__ = ["PoolRuntime", "Stopped", "pinned_router_addresses", "router_addresses"]
 
 log = logging.getLogger(__name__)
 
@@ -90,22 +91,51 @@ class Stopped(Protocol):
     async def wait(self, timeout: float | None = None) -> Any: ...
 
 
-async def router_addresses(kube: KubeClient, obj: Mapping[str, Any], spec: PoolSpec) -> list[str]:
-    """Where the router replicas' Admin API listens: the CPPool's
-    ``vertumnus.io/router-addresses`` annotation, else $VERTUMNUS_ROUTER_ADDRESSES, else
-    the ready endpoints of the ``<pool>-router`` Service."""
+def pinned_router_addresses(obj: Mapping[str, Any]) -> list[str]:
+    """The router addresses given by the CPPool's ``vertumnus.io/router-addresses``
+    annotation, else by $VERTUMNUS_ROUTER_ADDRESSES ([]: none given)."""
+    pinned = (obj["metadata"].get("annotations") or {}).get(
+        res.ANN_ROUTER_ADDRESSES
+    ) or os.environ.get(ROUTER_ADDRESSES_ENV, "")
+    return [a.strip() for a in pinned.split(",") if a.strip()]
+
+
+def router_slices(
+    kube: KubeClient,
+    namespace: str,
+    name: str,
+    on_change: Callable[[], None],
+    on_failure: Callable[[], None],
+) -> Informer:
+    """A watched copy of the ``<pool>-router`` Service's EndpointSlices."""
+    return Informer(
+        kube,
+        object_path("discovery.k8s.io/v1", "endpointslices", namespace),
+        f"kubernetes.io/service-name={name}-router",
+        on_change=on_change,
+        on_failure=on_failure,
+    )
+
+
+async def router_addresses(
+    kube: KubeClient, obj: Mapping[str, Any], slices: Informer | None = None
+) -> list[str]:
+    """Where the router replicas' Admin API listens: :func:`pinned_router_addresses`, else
+    the ready endpoints of the ``<pool>-router`` Service (from ``slices`` while it is
+    synced, else listed)."""
+    pinned = pinned_router_addresses(obj)
+    if pinned:
+        return pinned
     meta = obj["metadata"]
-    pinned = (meta.get("annotations") or {}).get(res.ANN_ROUTER_ADDRESSES) or os.environ.get(
-        ROUTER_ADDRESSES_ENV, ""
-    )
-    if pinned.strip():
-        return [a.strip() for a in pinned.split(",") if a.strip()]
-    slices = await kube.list(
-        object_path("discovery.k8s.io/v1", "endpointslices", meta["namespace"]),
-        f"kubernetes.io/service-name={meta['name']}-router",
-    )
+    if slices is not None and slices.synced:
+        items = slices.items()
+    else:
+        items = await kube.list(
+            object_path("discovery.k8s.io/v1", "endpointslices", meta["namespace"]),
+            f"kubernetes.io/service-name={meta['name']}-router",
+        )
     out: list[str] = []
-    for sl in slices:
+    for sl in items:
         port = next((p.get("port") for p in sl.get("ports") or [] if p.get("name") == "grpc"), None)
         for ep in sl.get("endpoints") or []:
             if port and (ep.get("conditions") or {}).get("ready", True):
@@ -141,6 +171,16 @@ class PoolRuntime:
         self.clock = clock
         self.wake = wake or asyncio.Event()
         """Set by a watch event on the CPPool: the next step comes at once."""
+        self.watched = asyncio.Event()
+        """Set when a domain pod or the router's endpoints change (:mod:`.informer`): the
+        next step comes at once."""
+        self.router_slices = router_slices(
+            kube,
+            namespace,
+            name,
+            on_change=self.watched.set,
+            on_failure=lambda: self._watch_failed("endpointslices"),
+        )
         self.seen = seen or (lambda: None)
         """The resourceVersion of the last watch event (ours, if it echoes our write)."""
         self._obj: dict[str, Any] | None = None
@@ -176,6 +216,7 @@ class PoolRuntime:
 
     async def run(self, stopped: Stopped) -> None:
         backoff = 1.0
+        self.reconciler.watch_pods(self.watched.set, lambda: self._watch_failed("pods"))
         try:
             while not stopped.is_set():
                 try:
@@ -207,8 +248,14 @@ class PoolRuntime:
                 await self._sleep(stopped, interval)
         finally:
             await self.reset()
+            await self.reconciler.close()
+            await self.router_slices.close()
             if self.metrics is not None:
                 self.metrics.forget()
+
+    def _watch_failed(self, collection: str) -> None:
+        if self.metrics is not None:
+            self.metrics.watch_failed(collection)
 
     async def _sleep(self, stopped: Stopped, seconds: float) -> None:
         """Until ``seconds`` pass, the daemon is stopped, or the CPPool changes (other
@@ -222,12 +269,17 @@ class PoolRuntime:
                     self._obj = None  # changed by someone else: the next step reads it
                     await asyncio.sleep(0.02)  # let a burst of watch events settle
                     return
+            if self.watched.is_set():
+                self.watched.clear()
+                await asyncio.sleep(0.02)
+                return
             left = deadline - time.monotonic()
             if left <= 0:
                 return
             waiters = [
                 asyncio.ensure_future(stopped.wait(left)),
                 asyncio.ensure_future(self.wake.wait()),
+                asyncio.ensure_future(self.watched.wait()),
             ]
             try:
                 await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
@@ -349,7 +401,7 @@ class PoolRuntime:
             raise failure
         if self.was_ready:
             # Transitions in flight go on even while a domain is missing (they are per domain).
-            await self._refresh_admin(obj, spec)
+            await self._refresh_admin(obj)
             runner.resume()
         if (
             obs.all_ready
@@ -628,8 +680,10 @@ class PoolRuntime:
             raise AdminError("-", "UNAVAILABLE", "no router address known")
         return self.admin
 
-    async def _refresh_admin(self, obj: Mapping[str, Any], spec: PoolSpec) -> RouterAdmin | None:
-        addresses = await router_addresses(self.kube, obj, spec)
+    async def _refresh_admin(self, obj: Mapping[str, Any]) -> RouterAdmin | None:
+        if not pinned_router_addresses(obj):
+            self.router_slices.start()
+        addresses = await router_addresses(self.kube, obj, self.router_slices)
         if self.admin is not None and self.admin.addresses == tuple(addresses):
             return self.admin
         if self.admin is not None:
@@ -642,7 +696,7 @@ class PoolRuntime:
     async def _control(self, obj: Mapping[str, Any], spec: PoolSpec, effective: PoolSpec) -> None:
         runner = self.runner
         assert runner is not None
-        admin = await self._refresh_admin(obj, spec)
+        admin = await self._refresh_admin(obj)
         pinned = spec.composition if effective.composition is not None else None
         if admin is not None and await self._repair(admin):
             return

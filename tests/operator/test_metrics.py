@@ -101,6 +101,9 @@ def test_counters_and_histograms_per_pool():
     b.committed("merge", 0.01, 0.01, 0.02)
     b.domain_replaced(42.0)
     b.step_failed("AdminError")
+    b.watch_failed("pods")
+    b.watch_failed("pods")
+    metrics.api_requests = {("list", "pods"): 3, ("watch", "pods"): 1}
 
     s = scrape(metrics)
     at_a, at_b = {"namespace": "ns", "pool": "a"}, {"namespace": "ns", "pool": "b"}
@@ -134,6 +137,10 @@ def test_counters_and_histograms_per_pool():
     assert value(s, "vertumnus_operator_domain_update_seconds_bucket", **at_b, le="60.0") == 1
     assert value(s, "vertumnus_operator_domain_update_seconds_bucket", **at_b, le="30.0") == 0
     assert value(s, "vertumnus_operator_step_errors_total", **at_b, error="AdminError") == 1
+    assert value(s, "vertumnus_operator_watch_failures_total", **at_b, collection="pods") == 2
+    # The operator's own API requests: one series per (verb, resource), no pool label.
+    assert value(s, "vertumnus_operator_api_requests_total", verb="list", resource="pods") == 3
+    assert value(s, "vertumnus_operator_api_requests_total", verb="watch", resource="pods") == 1
 
 
 def test_a_stopped_pool_leaves_no_series_and_a_restarted_one_starts_afresh():
