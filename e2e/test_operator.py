@@ -780,6 +780,27 @@ def test_a_ready_pool_watches_its_pods_and_router_instead_of_listing_them(k8s, o
         k8s.kubectl("delete", "cppool", "watched", "-n", namespace, "--timeout=30s")
 
 
+def test_a_router_that_comes_back_clears_router_unavailable(k8s, operator, namespace):
+    # A pinned pool whose router pods go says so (no address to reach it at), and stops
+    # saying so once they are back (it used to stay Degraded for good).
+    with gpu_nodes(k8s, 2) as label:
+        _mixed_pool(k8s, namespace, "late", label)
+
+        def scale(n):
+            k8s.kubectl("scale", "deployment", "late-router", "-n", namespace, f"--replicas={n}")
+
+        def router_unavailable():
+            st = pool_status(k8s, namespace, "late")
+            return condition(st, "Degraded").get("reason") == "RouterUnavailable"
+
+        scale(0)
+        wait_for("RouterUnavailable", 20, router_unavailable)
+        scale(1)
+        st = wait_for("Ready again", 20, _ready(k8s, namespace, "late"))
+        assert condition(st, "Degraded")["status"] == "False"
+        k8s.kubectl("delete", "cppool", "late", "-n", namespace, "--timeout=30s")
+
+
 def test_a_new_engine_image_rolls_the_domain_pods_one_at_a_time(
     k8s, operator, namespace, fake_router
 ):

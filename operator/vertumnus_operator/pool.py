@@ -184,8 +184,10 @@ class PoolRuntime:
         self.seen = seen or (lambda: None)
         """The resourceVersion of the last watch event (ours, if it echoes our write)."""
         self._obj: dict[str, Any] | None = None
-        """The CPPool as last read (:data:`OBJECT_MAX_AGE_S`); None: read it next step."""
+        """The CPPool as last read, or as a status write returned it
+        (:data:`OBJECT_MAX_AGE_S`); None: read it next step."""
         self._obj_at = 0.0
+        """When ``_obj`` was read (the read's start, or the write's sending), or forgotten."""
         self.runner: TransitionRunner | None = None
         self.store: StatusStore | None = None
         self.obs = Observation()
@@ -266,7 +268,7 @@ class PoolRuntime:
                 self.wake.clear()
                 own = self.store is not None and self.seen() == self.store.resource_version
                 if not own:
-                    self._obj = None  # changed by someone else: the next step reads it
+                    self._forget_obj()  # changed by someone else: the next step reads it
                     await asyncio.sleep(0.02)  # let a burst of watch events settle
                     return
             if self.watched.is_set():
@@ -286,6 +288,11 @@ class PoolRuntime:
             finally:
                 for w in waiters:
                     w.cancel()
+
+    def _forget_obj(self) -> None:
+        """The CPPool changed since it was last read or written: read it again (a status
+        write returned before now is older too)."""
+        self._obj, self._obj_at = None, time.monotonic()
 
     async def reset(self) -> None:
         """Forget the in-memory state; the next step reloads it from the status."""
@@ -316,6 +323,12 @@ class PoolRuntime:
     async def step(self) -> float | None:
         """One pass; returns the seconds until the next (None: stop)."""
         now = time.monotonic()
+        store = self.store
+        if store is not None and store.latest is not None and store.latest_at > self._obj_at:
+            # A status write sent after the last read returns the CPPool with every change
+            # made before it (spec, annotations): no need to read it again. A change after
+            # it comes as a watch event (_forget_obj).
+            self._obj, self._obj_at = store.latest, store.latest_at
         obj = self._obj
         if obj is None or self.runner is None or now - self._obj_at > OBJECT_MAX_AGE_S:
             try:
@@ -711,6 +724,7 @@ class PoolRuntime:
                     f"{self.name}-router, no {res.ANN_ROUTER_ADDRESSES} annotation)"
                 )
                 return
+            self.router_problem = None  # a pinned pool reads no window: an address is enough
             op = await runner.pin(pinned, spec.degrees)
             if op is None and str(runner.record.pool.layout.composition) == str(pinned):
                 await self._say_once(
@@ -825,7 +839,7 @@ class PoolRuntime:
         else:
             await runner.manual(op)
         await self.kube.merge_patch(self.path, {"metadata": {"annotations": {key: None}}})
-        self._obj = None  # read again: the annotation is gone
+        self._forget_obj()  # read again: the annotation is gone
         return True
 
     # ---- rolling update --------------------------------------------------------------------

@@ -19,6 +19,7 @@ never both advance the pool).
 from __future__ import annotations
 
 import datetime
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -323,11 +324,17 @@ class StatusStore:
         self.view = view
         self.resource_version = resource_version
         self.last_status: dict[str, Any] = {}
+        self.latest: dict[str, Any] | None = None
+        """The CPPool the last write returned (spec and metadata as of that write)."""
+        self.latest_at = 0.0
+        """When that write was sent (time.monotonic()): the object holds every change the
+        API server had made before then."""
 
     async def write(self, record: Record) -> None:
         status = {**self.view(record), "state": encode_record(record)}
         for _ in range(20):
             body = {"metadata": {"resourceVersion": self.resource_version}, "status": status}
+            sent = time.monotonic()
             try:
                 obj = await self.kube.merge_patch(self.path + "/status", body)
             except Conflict:
@@ -342,5 +349,6 @@ class StatusStore:
                 continue
             self.resource_version = obj["metadata"]["resourceVersion"]
             self.last_status = status
+            self.latest, self.latest_at = obj, sent
             return
         raise LostRecord("the CPPool kept changing under 20 status writes in a row")

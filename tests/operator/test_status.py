@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import replace
 
 import kopf
@@ -205,8 +206,12 @@ def test_status_writes_retry_a_conflict_and_refuse_a_takeover():
         try:
             store = StatusStore(kube, "ns", "p", lambda r: {"epoch": r.pool.epoch}, "1")
             rec = _record()
+            sent = time.monotonic()
             await store.write(Record(rec.pool, seq=1))
             assert api.obj["status"]["state"]["seq"] == 1
+            # The object the write returned, stamped with when it was sent: the pool's loop
+            # reuses it instead of reading the CPPool again.
+            assert store.latest == api.obj and sent <= store.latest_at <= time.monotonic()
             api.bump()  # someone touched the object (kopf's annotations): same seq, retry
             await store.write(Record(rec.pool, seq=2))
             assert api.obj["status"]["state"]["seq"] == 2 and api.patches == 3
