@@ -233,7 +233,14 @@ def main() -> int:
                 "rows": rows,
             }
             result["router_switches_applied"] = len(router.applied)
-            result["rolling_update"] = _roll(cluster, router, name, args.drain)
+            try:
+                result["rolling_update"] = _roll(cluster, router, name, args.drain)
+            except AssertionError:
+                # What the operator saw: the timeout alone says nothing.
+                print(f"status: {json.dumps(ops.pool_status(cluster, 'bench', name))}")
+                print("the operator's log, last 80 lines:")
+                print("\n".join(operator.log().splitlines()[-80:]), flush=True)
+                raise
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
