@@ -12,8 +12,8 @@ instead, and each change wakes the loop at once through ``on_change``.
 - ``410 Gone`` (the version is older than the server keeps) lists again.
 - Any other failure (connection lost, 403, a stream that stalls past ``timeout_s`` plus a
   margin) marks the copy unsynced and retries with backoff (1 s doubling to 30 s). While
-  unsynced, :attr:`synced` is False and the caller lists for itself, as before: a watch
-  that cannot run costs requests, never correctness.
+  unsynced, :meth:`current` lists, as the loop did before: a watch that cannot run costs
+  requests, never correctness.
 """
 
 from __future__ import annotations
@@ -68,6 +68,13 @@ class Informer:
     def items(self) -> list[dict[str, Any]]:
         """The objects as last seen (a snapshot; deleted ones gone)."""
         return list(self._items.values())
+
+    async def current(self) -> list[dict[str, Any]]:
+        """The objects: the copy while it is synced, else listed now (a watch that is
+        down or not started costs a request, never a stale answer)."""
+        if self._synced:
+            return self.items()
+        return await self.kube.list(self.path, self.selector)
 
     def start(self) -> None:
         if self._task is None or self._task.done():

@@ -117,25 +117,15 @@ def router_slices(
     )
 
 
-async def router_addresses(
-    kube: KubeClient, obj: Mapping[str, Any], slices: Informer | None = None
-) -> list[str]:
+async def router_addresses(obj: Mapping[str, Any], slices: Informer) -> list[str]:
     """Where the router replicas' Admin API listens: :func:`pinned_router_addresses`, else
-    the ready endpoints of the ``<pool>-router`` Service (from ``slices`` while it is
-    synced, else listed)."""
+    the ready endpoints of the ``<pool>-router`` Service (``slices``, see
+    :func:`router_slices`)."""
     pinned = pinned_router_addresses(obj)
     if pinned:
         return pinned
-    meta = obj["metadata"]
-    if slices is not None and slices.synced:
-        items = slices.items()
-    else:
-        items = await kube.list(
-            object_path("discovery.k8s.io/v1", "endpointslices", meta["namespace"]),
-            f"kubernetes.io/service-name={meta['name']}-router",
-        )
     out: list[str] = []
-    for sl in items:
+    for sl in await slices.current():
         port = next((p.get("port") for p in sl.get("ports") or [] if p.get("name") == "grpc"), None)
         for ep in sl.get("endpoints") or []:
             if port and (ep.get("conditions") or {}).get("ready", True):
@@ -696,7 +686,7 @@ class PoolRuntime:
     async def _refresh_admin(self, obj: Mapping[str, Any]) -> RouterAdmin | None:
         if not pinned_router_addresses(obj):
             self.router_slices.start()
-        addresses = await router_addresses(self.kube, obj, self.router_slices)
+        addresses = await router_addresses(obj, self.router_slices)
         if self.admin is not None and self.admin.addresses == tuple(addresses):
             return self.admin
         if self.admin is not None:

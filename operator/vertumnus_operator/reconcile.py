@@ -85,9 +85,13 @@ class Reconciler:
         self._listed: dict[int, dict[str, Any]] | None = None
         """The domain pods :meth:`apply` listed, for the :meth:`observe` that follows it
         (None: list again, e.g. after pods were created)."""
-        self.pod_watch: Informer | None = None
-        """The domain pods as watched (:meth:`watch_pods`); while it is not synced,
-        :meth:`pods` lists them."""
+        self.pod_watch = Informer(
+            kube,
+            object_path("v1", "pods", owner.namespace),
+            ",".join(f"{k}={v}" for k, v in res.engine_labels(owner).items()),
+        )
+        """The domain pods as watched once :meth:`watch_pods` starts it (until then, and
+        while it is not synced, :meth:`pods` lists them)."""
         self._gang: GangStatus | None = None
         """The gang's status when every domain pod was last bound and ready."""
         self.stale: list[int] = []
@@ -230,37 +234,17 @@ class Reconciler:
         """Keep a watched copy of the domain pods (one watch instead of a list per step);
         ``on_change`` is called at each change, ``on_failure`` when the watch breaks.
         :meth:`close` stops it."""
-        if self.pod_watch is None:
-            self.pod_watch = Informer(
-                self.kube,
-                self._pods_path(),
-                self._pods_selector(),
-                on_change=on_change,
-                on_failure=on_failure,
-            )
+        self.pod_watch.on_change, self.pod_watch.on_failure = on_change, on_failure
         self.pod_watch.start()
 
     async def close(self) -> None:
-        if self.pod_watch is not None:
-            await self.pod_watch.close()
-            self.pod_watch = None
-
-    def _pods_path(self) -> str:
-        return object_path("v1", "pods", self.owner.namespace)
-
-    def _pods_selector(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in res.engine_labels(self.owner).items())
+        await self.pod_watch.close()
 
     async def pods(self) -> dict[int, dict[str, Any]]:
         """The domain pods by domain (terminating ones left out): the watched copy when it
         is synced, else a list."""
-        watch = self.pod_watch
-        if watch is not None and watch.synced:
-            items = watch.items()
-        else:
-            items = await self.kube.list(self._pods_path(), self._pods_selector())
         out = {}
-        for pod in items:
+        for pod in await self.pod_watch.current():
             if pod["metadata"].get("deletionTimestamp"):
                 continue
             try:

@@ -111,9 +111,14 @@ def test_the_copy_follows_the_list_and_then_the_watch_events():
     async def test(kube: KubeClient) -> None:
         inf = Informer(kube, PATH, "pool=p", on_change=lambda: changes.append(1), timeout_s=60)
         assert not inf.synced
+        # Not started: a caller's read lists.
+        assert {o["metadata"]["name"] for o in await inf.current()} == {"a", "b"}
+        assert len(col.lists) == 1
         inf.start()
         await _until(lambda: col.watches, "the watch")
         assert inf.synced and _names(inf) == {"a": "Pending", "b": "Pending"}
+        assert len(col.lists) == 2
+        assert await inf.current() == inf.items() and len(col.lists) == 2  # the copy
         # The watch starts where the list ended, with bookmarks, selected server-side.
         assert col.lists[0]["labelSelector"] == "pool=p"
         assert col.watches[0]["resourceVersion"] == "10"
@@ -131,9 +136,9 @@ def test_the_copy_follows_the_list_and_then_the_watch_events():
         await col.feed.put(None)  # the server ends the watch: the next starts at the bookmark
         await _until(lambda: len(col.watches) == 2, "the next watch")
         assert col.watches[1]["resourceVersion"] == "20"
-        assert len(col.lists) == 1 and inf.synced and inf.restarts == 0
+        assert len(col.lists) == 2 and inf.synced and inf.restarts == 0
         # The client counts what it asked the server (the operator exports it).
-        assert kube.requests == {("list", "pods"): 1, ("watch", "pods"): 2}
+        assert kube.requests == {("list", "pods"): 2, ("watch", "pods"): 2}
         await inf.close()
         assert not inf.synced
 
@@ -189,8 +194,10 @@ def test_a_refused_watch_leaves_the_copy_unsynced_and_retries():
         inf = Informer(kube, PATH, "pool=p", timeout_s=60)
         inf.start()
         await _until(lambda: inf.restarts >= 1, "the refusal")
-        # A caller reading while unsynced lists for itself (Reconciler.pods does).
+        # A caller reading while unsynced gets a fresh list, not the copy.
         assert not inf.synced
+        col.pods["c"] = _pod("c", 30)
+        assert sorted(o["metadata"]["name"] for o in await inf.current()) == ["a", "c"]
         col.refuse_watch = False
         await _until(lambda: inf.synced and len(col.watches) >= 2, "the retry", timeout=5.0)
         await inf.close()
