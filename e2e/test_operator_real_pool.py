@@ -95,6 +95,21 @@ def _one_domain_pool(k8s, ns, name, label, tmp_path):  # type: ignore[no-untyped
     return uids
 
 
+def _release(k8s, ns, pod):  # type: ignore[no-untyped-def]
+    """Remove the finalizers the test put on ``pod`` (none left, or no pod: nothing)."""
+    k8s.kubectl(
+        "patch",
+        "pod",
+        pod,
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        '{"metadata":{"finalizers":null}}',
+        check=False,
+    )
+
+
 def _route(k8s, ns, name, engine, tmp_path):  # type: ignore[no-untyped-def]
     """A router from the pool's router.json in front of ``engine``, and the CPPool
     pointed at it."""
@@ -161,10 +176,16 @@ def test_a_rolling_update_restarts_the_engine_and_loses_no_request(
 ) -> None:
     # The same pool of one domain. A new engine image: the operator drains the worker at
     # the router, deletes the pod and resumes the worker once the new pod is ready. The
-    # test plays the kubelet: when the pod is replaced, the engine process restarts (a
-    # new incarnation, its cache empty). Requests sent meanwhile wait at the router.
+    # test plays the kubelet: while the old pod terminates, its engine process stops and
+    # the new pod's starts (a new incarnation, its cache empty). kwok removes a deleted pod
+    # and readies its successor at once, faster than the test can look, so a finalizer
+    # holds the old pod Terminating until the engine has restarted, as a kubelet's
+    # graceful termination does. Requests sent meanwhile wait at the router.
     with gpu_nodes(k8s, 1, gpus=4) as label:
         (uid,) = _one_domain_pool(k8s, namespace, "roll", label, tmp_path)
+        (pod,) = [p["metadata"]["name"] for p in engine_pods(k8s, namespace, "roll")]
+        hold = json.dumps({"metadata": {"finalizers": ["e2e.vertumnus.io/kubelet"]}})
+        k8s.kubectl("patch", "pod", pod, "-n", namespace, "--type=merge", "-p", hold)
         engine = ps.Engine(4, [4], tmp_path / "engine.log", worker_ids=[0]).start()
         router = None
         try:
@@ -175,22 +196,21 @@ def test_a_rolling_update_restarts_the_engine_and_loses_no_request(
             time.sleep(1.0)
             ops.set_engine_image(k8s, namespace, "roll")
 
-            def going():  # type: ignore[no-untyped-def]
-                # The worker's state at the router once the old pod is being deleted: the
-                # operator drains first, and resumes only once the new pod is Ready (a
-                # kwok pod about a second later), so it must read DRAINING here.
-                pods = engine_pods(k8s, namespace, "roll")
-                old = [p for p in pods if p["metadata"]["uid"] == uid]
-                if old and not old[0]["metadata"].get("deletionTimestamp"):
-                    return None
-                return ps.pool(router.address).workers[0].state
+            def terminating():  # type: ignore[no-untyped-def]
+                old = [
+                    p for p in engine_pods(k8s, namespace, "roll") if p["metadata"]["uid"] == uid
+                ]
+                return bool(old and old[0]["metadata"].get("deletionTimestamp"))
 
-            state = wait_for("the old pod deleted", 60, going, interval=0.05)
-            assert state == pool_pb2.WorkerStatus.DRAINING, (
+            wait_for("the old pod deleted", 60, terminating)
+            # The operator drains first and resumes only once the new pod is Ready, which
+            # cannot be before the old one is gone: the worker must be draining now.
+            assert ps.pool(router.address).workers[0].state == pool_pb2.WorkerStatus.DRAINING, (
                 "the pod went before its worker was drained"
             )
             engine.stop()  # the kubelet stops the old pod's engine and starts the new one's
             engine.start()
+            _release(k8s, namespace, pod)
 
             def serving():  # type: ignore[no-untyped-def]
                 st = pool_status(k8s, namespace, "roll")
@@ -209,6 +229,7 @@ def test_a_rolling_update_restarts_the_engine_and_loses_no_request(
             reasons = [e["reason"] for e in ops.events(k8s, namespace, "roll")]
             assert "DomainPodReplaced" in reasons, reasons
         finally:
+            _release(k8s, namespace, pod)
             if router is not None:
                 router.stop()
             engine.stop()
