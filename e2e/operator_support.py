@@ -11,6 +11,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -305,6 +306,64 @@ def rolled_to(k8s: Any, namespace: str, name: str, image: str = NEW_IMAGE) -> di
         return None
     st = pool_status(k8s, namespace, name)
     return st if st.get("phase") == "Ready" else None
+
+
+def own_address() -> str:
+    """This machine's IPv4 address on its default route, where a test's router listens
+    when the operator must find it through a Service (the API server refuses a loopback
+    address in an EndpointSlice). Connecting a UDP socket sends nothing."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))
+        except OSError as e:
+            raise AssertionError(f"this machine has no default IPv4 route ({e})") from None
+        return str(s.getsockname()[0])
+
+
+def router_endpoints(k8s: Any, namespace: str, name: str) -> set[str]:
+    """The addresses of the endpoints of the pool's ``<name>-router`` Service."""
+    slices = json.loads(
+        k8s.kubectl(
+            "get", "endpointslices", "-n", namespace,
+            "-l", f"kubernetes.io/service-name={name}-router", "-o", "json",
+        ).stdout
+    )["items"]  # fmt: skip
+    return {a for sl in slices for e in sl.get("endpoints") or [] for a in e["addresses"]}
+
+
+def stop_router_pods(k8s: Any, namespace: str, name: str) -> None:
+    """Scale the pool's router Deployment (kwok's fake pods, which nothing answers at) to
+    0 and wait until its Service has no endpoint left."""
+    k8s.kubectl("scale", "deployment", f"{name}-router", "-n", namespace, "--replicas=0")
+    wait_for(
+        f"no endpoint of Service {name}-router",
+        30,
+        lambda: not router_endpoints(k8s, namespace, name),
+    )
+
+
+def add_router_endpoint(k8s: Any, namespace: str, name: str, address: str) -> None:
+    """Make ``address`` (``ip:port``, not loopback) a ready endpoint of the pool's
+    ``<name>-router`` Service at its ``grpc`` port, as the EndpointSlice controller does for
+    a router pod: an EndpointSlice of the Service's, managed by the test."""
+    host, port = address.rsplit(":", 1)
+    service = f"{name}-router"
+    endpoints = {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"{service}-e2e",
+            "namespace": namespace,
+            "labels": {
+                "kubernetes.io/service-name": service,
+                "endpointslice.kubernetes.io/managed-by": "e2e.vertumnus.io",
+            },
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "grpc", "port": int(port), "protocol": "TCP"}],
+        "endpoints": [{"addresses": [host], "conditions": {"ready": True}}],
+    }
+    k8s.kubectl("apply", "-f", "-", input=json.dumps(endpoints))
 
 
 def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:

@@ -163,8 +163,14 @@ class RouterProcess:
     """A ``vertumnus router`` subprocess (for the tests that kill routers)."""
 
     def __init__(
-        self, engines: Sequence[str], log: Path, *extra: str, port: int | None = None
+        self,
+        engines: Sequence[str],
+        log: Path,
+        *extra: str,
+        port: int | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
+        self.host = host
         self.port = port or free_base(2)
         self.metrics_port = self.port + 1
         self.engines = list(engines)
@@ -174,7 +180,7 @@ class RouterProcess:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 60.0) -> RouterProcess:
         return self.spawn().wait_ready(timeout_s)

@@ -543,13 +543,29 @@ def test_a_pinned_composition_and_spec_changes(k8s, operator, namespace, fake_ro
         k8s.kubectl("delete", "cppool", "pinned", "-n", namespace, "--timeout=30s")
 
 
-def test_a_split_and_a_merge_asked_for_by_annotation(k8s, operator, namespace, fake_router):
-    with gpu_nodes(k8s, 1) as label:
+def test_a_split_and_a_merge_asked_for_by_annotation(k8s, operator, namespace):
+    # The operator finds the router as in a deployment: the ready endpoints of the pool's
+    # router Service (the stand-in router on this machine's address, not loopback). A
+    # split asked for while there is none waits, and says why at once (the window read
+    # that would say so is an hour away here).
+    fake = ops.load_fake_router().FakeRouter(host=ops.own_address())
+    with gpu_nodes(k8s, 1) as label, fake as fake_router:
         ops.apply(k8s, cppool("byhand", namespace, 8, label, controller={"windowSeconds": 3600}))
         wait_for("Ready", 30, _ready(k8s, namespace, "byhand", "1xCP8"))
-        _annotate_router(k8s, namespace, "byhand", fake_router)
+        ops.stop_router_pods(k8s, namespace, "byhand")
         k8s.kubectl("annotate", "cppool", "byhand", "-n", namespace, "vertumnus.io/split=0")
+
+        def no_router():
+            st = pool_status(k8s, namespace, "byhand")
+            why = condition(st, "Degraded")
+            return st if why.get("reason") == "RouterUnavailable" else None
+
+        st = wait_for("RouterUnavailable", 20, no_router)
+        assert "no router address" in condition(st, "Degraded")["message"]
+        assert st["composition"] == "1xCP8" and not fake_router.applied
+        ops.add_router_endpoint(k8s, namespace, "byhand", fake_router.address)
         st = wait_for("the split", 30, _ready(k8s, namespace, "byhand", "2xCP4"))
+        assert condition(st, "Degraded")["status"] == "False"
         assert [w["id"] for w in st["workers"]] == [1, 2]
         annotations = get_pool(k8s, namespace, "byhand")["metadata"]["annotations"]
         assert "vertumnus.io/split" not in annotations

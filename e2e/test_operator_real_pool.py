@@ -21,7 +21,14 @@ import time
 import e2e_operator_support as ops
 import e2e_pool_support as ps
 import grpc
-from e2e_operator_support import cppool, engine_pods, gpu_nodes, pool_status, wait_for
+from e2e_operator_support import (
+    condition,
+    cppool,
+    engine_pods,
+    gpu_nodes,
+    pool_status,
+    wait_for,
+)
 
 from vertumnus._proto import pool_pb2, pool_pb2_grpc
 
@@ -110,15 +117,35 @@ def _release(k8s, ns, pod):  # type: ignore[no-untyped-def]
     )
 
 
-def _route(k8s, ns, name, engine, tmp_path):  # type: ignore[no-untyped-def]
-    """A router from the pool's router.json in front of ``engine``, and the CPPool
-    pointed at it."""
+def _route(k8s, ns, name, engine, tmp_path, *, via_service=False):  # type: ignore[no-untyped-def]
+    """A router from the pool's router.json in front of ``engine``, and the operator
+    pointed at it: by the CPPool's ``vertumnus.io/router-addresses`` annotation, or
+    (``via_service``) as in a deployment, where the operator reads the ready endpoints of
+    the pool's ``<name>-router`` Service. The chart's router pods are kwok's fakes, so
+    their Deployment is scaled to 0 and an EndpointSlice of the Service names the test's
+    router, which then listens on this machine's own address instead of the loopback."""
     router = ps.RouterProcess(
-        [engine.address], tmp_path / "router.log", "--config", str(tmp_path / "router.json")
+        [engine.address],
+        tmp_path / "router.log",
+        "--config",
+        str(tmp_path / "router.json"),
+        host=ops.own_address() if via_service else "127.0.0.1",
     ).start()
-    k8s.kubectl(
-        "annotate", "cppool", name, "-n", ns, f"vertumnus.io/router-addresses={router.address}"
-    )
+    if not via_service:
+        k8s.kubectl(
+            "annotate", "cppool", name, "-n", ns, f"vertumnus.io/router-addresses={router.address}"
+        )
+        return router
+    ops.stop_router_pods(k8s, ns, name)
+    ops.add_router_endpoint(k8s, ns, name, router.address)
+
+    def routed():  # type: ignore[no-untyped-def]
+        st = pool_status(k8s, ns, name)
+        return st.get("phase") == "Ready" and condition(st, "Degraded").get("status") == "False"
+
+    # The pool is Degraded (RouterUnavailable) while no router has an address, if a step
+    # looked then, and Ready again once the test's has one.
+    wait_for("the pool routed through its Service", 60, routed)
     return router
 
 
@@ -131,7 +158,7 @@ def test_a_split_and_a_merge_by_the_operator_move_real_requests_and_lose_none(
         engine = ps.Engine(4, [4], tmp_path / "engine.log", worker_ids=[0]).start()
         router = None
         try:
-            router = _route(k8s, namespace, "real", engine, tmp_path)
+            router = _route(k8s, namespace, "real", engine, tmp_path, via_service=True)
             prompts = ps.prompts(160, seed=21, extra=60)
             clients = _Clients(router.address, prompts, gap_s=0.05)  # ~8 s of requests
             clients.thread.start()

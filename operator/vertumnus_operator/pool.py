@@ -29,7 +29,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -71,7 +71,9 @@ from vertumnus.operator.status import (
 from vertumnus.operator.transitions import TransitionRunner
 from vertumnus.profiles import ProfileError, load_capacity, load_model
 
-__all__ = ["PoolRuntime", "Stopped", "pinned_router_addresses", "router_addresses"]
+__all__ = [
+    "PoolRuntime", "Stopped", "endpoint_addresses", "pinned_router_addresses", "router_addresses",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -120,17 +122,33 @@ def router_slices(
 async def router_addresses(obj: Mapping[str, Any], slices: Informer) -> list[str]:
     """Where the router replicas' Admin API listens: :func:`pinned_router_addresses`, else
     the ready endpoints of the ``<pool>-router`` Service (``slices``, see
-    :func:`router_slices`)."""
-    pinned = pinned_router_addresses(obj)
-    if pinned:
-        return pinned
-    out: list[str] = []
-    for sl in await slices.current():
-        port = next((p.get("port") for p in sl.get("ports") or [] if p.get("name") == "grpc"), None)
+    :func:`router_slices`; :func:`endpoint_addresses`)."""
+    return pinned_router_addresses(obj) or endpoint_addresses(await slices.current())
+
+
+def endpoint_addresses(slices: Iterable[Mapping[str, Any]], port_name: str = "grpc") -> list[str]:
+    """``host:port`` of each ready endpoint of ``slices`` (EndpointSlices), at their port
+    named ``port_name``; IPv6 hosts in brackets.
+
+    A dual-stack Service has a slice per address family for the same pods, so only one
+    family is read (IPv4 where there is one, then IPv6, then FQDN), lest each router be
+    dialled twice. Only an endpoint's first address counts: the API defines no meaning for
+    the others."""
+    by_family: dict[str, list[str]] = {}
+    for sl in slices:
+        family = sl.get("addressType", "IPv4")
+        port = next(
+            (p.get("port") for p in sl.get("ports") or [] if p.get("name") == port_name), None
+        )
         for ep in sl.get("endpoints") or []:
-            if port and (ep.get("conditions") or {}).get("ready", True):
-                out.extend(f"{a}:{port}" for a in ep.get("addresses") or [])
-    return sorted(out)
+            addresses = ep.get("addresses") or []
+            if port and addresses and (ep.get("conditions") or {}).get("ready", True):
+                host = f"[{addresses[0]}]" if family == "IPv6" else addresses[0]
+                by_family.setdefault(family, []).append(f"{host}:{port}")
+    for family in ("IPv4", "IPv6", "FQDN"):
+        if family in by_family:
+            return sorted(by_family[family])
+    return []
 
 
 def _shape(layout: Layout) -> tuple[int, int]:
@@ -186,6 +204,8 @@ class PoolRuntime:
         self.generation: int | None = None
         self.spec_problems: list[Problem] = []
         self.router_problem: Problem | None = None
+        self.router_unaddressed = False
+        """``router_problem`` says that no router address is known (else: one did not answer)."""
         self.admin: RouterAdmin | None = None
         self.next_hop: float | None = None
         self.created = time.monotonic()
@@ -700,6 +720,10 @@ class PoolRuntime:
         runner = self.runner
         assert runner is not None
         admin = await self._refresh_admin(obj)
+        if admin is not None and self.router_unaddressed:
+            # An address again (the Service's endpoints are watched): said at once, not at
+            # the next window read. A router that does not answer shows at that read.
+            self.router_problem, self.router_unaddressed = None, False
         pinned = spec.composition if effective.composition is not None else None
         if admin is not None and await self._repair(admin):
             return
@@ -709,10 +733,7 @@ class PoolRuntime:
             if runner.busy:
                 return
             if admin is None:
-                self._router_down(
-                    "no router address (no ready endpoint of Service "
-                    f"{self.name}-router, no {res.ANN_ROUTER_ADDRESSES} annotation)"
-                )
+                self._no_router()
                 return
             self.router_problem = None  # a pinned pool reads no window: an address is enough
             op = await runner.pin(pinned, spec.degrees)
@@ -738,10 +759,7 @@ class PoolRuntime:
             return
         self.next_hop = max(self.next_hop + hop, now + hop / 2)
         if admin is None:
-            self._router_down(
-                "no router address (no ready endpoint of Service "
-                f"{self.name}-router, no {res.ANN_ROUTER_ADDRESSES} annotation)"
-            )
+            self._no_router()
             return
         try:
             window = await admin.take_window(runner.record.hop + 1)
@@ -824,8 +842,11 @@ class PoolRuntime:
                 f"{key}={value}: the composition is pinned (spec.composition); "
                 "change the pin instead",
             )
-        elif members & runner.record.pool.busy() or runner.busy or not routed:
-            return True  # wait: its workers (or the pool) are in a transition, or no router yet
+        elif members & runner.record.pool.busy() or runner.busy:
+            return True  # wait: its workers (or the pool) are in a transition
+        elif not routed:
+            self._no_router()  # wait, and say why (a window read may be an hour away)
+            return True
         else:
             await runner.manual(op)
         await self.kube.merge_patch(self.path, {"metadata": {"annotations": {key: None}}})
@@ -935,9 +956,17 @@ class PoolRuntime:
                 "restart); admitting at them again",
             )
 
-    def _router_down(self, why: str) -> None:
+    def _no_router(self) -> None:
+        self._router_down(
+            "no router address (no ready endpoint of Service "
+            f"{self.name}-router, no {res.ANN_ROUTER_ADDRESSES} annotation)",
+            unaddressed=True,
+        )
+
+    def _router_down(self, why: str, unaddressed: bool = False) -> None:
+        self.router_unaddressed = unaddressed
         self.router_problem = Problem(
             "Degraded",
             "RouterUnavailable",
-            f"the controller cannot read the window demand: {why}",
+            f"the routers cannot be reached (no window read, no transition): {why}",
         )

@@ -57,8 +57,9 @@ class _Worker:
 
 @dataclass
 class FakeRouter(pool_pb2_grpc.AdminServicer):
-    """``with FakeRouter() as r: r.address`` — serving on 127.0.0.1, a free port."""
+    """``with FakeRouter() as r: r.address`` — serving on ``host`` (127.0.0.1), a free port."""
 
+    host: str = "127.0.0.1"
     drain_delay_s: float = 0.0
     switch_delay_s: float = 0.0
     router_id: str = "fake-0"
@@ -93,7 +94,7 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
     def start(self) -> FakeRouter:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
         pool_pb2_grpc.add_AdminServicer_to_server(self, server)
-        self.port = server.add_insecure_port("127.0.0.1:0")
+        self.port = server.add_insecure_port(f"{self.host}:0")
         server.start()
         self._server = server
         return self
@@ -113,7 +114,7 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     # ---- knobs -----------------------------------------------------------------------------
 
