@@ -41,7 +41,24 @@ FINALIZER = "vertumnus.io/finalizer"
 ANNOTATION_PREFIX = "operator.vertumnus.io"
 
 
+WAKE = "wake"
+"""The id of the handler that wakes a pool's loop at every event of its CPPool."""
+
+
+class _QuietWake(logging.Filter):
+    """Drops kopf's ``Handler 'wake' succeeded.``: one line per event of every CPPool, the
+    pool's own status writes included (one per look, 0.4/s per idle pool), that says
+    nothing. The wake handler cannot fail (it sets an event)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != f"Handler {WAKE!r} succeeded."
+
+
+_QUIET_WAKE = _QuietWake()
+
+
 def configure(settings: kopf.OperatorSettings, peering_lifetime: int | None = None) -> None:
+    logging.getLogger("kopf.objects").addFilter(_QUIET_WAKE)  # once: the same filter object
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=ANNOTATION_PREFIX
@@ -108,7 +125,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
         )
         await runtime.run(stopped)
 
-    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id=WAKE)
     def changed(*, memo: Any, meta: kopf.Meta, **_: Any) -> None:
         # A change of the CPPool (a spec edit, an annotation) wakes its loop at once
         # instead of at its next poll; the loop ignores the echo of its own status writes.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,7 @@ def test_handlers_go_into_the_registry_given_not_kopfs_global_one():
     changing = registry._changing.get_all_handlers()
     assert [h.id.split(".")[-1] for h in changing] == ["deleted"]
     watching = registry._watching.get_all_handlers()
-    assert [h.id.split(".")[-1] for h in watching] == ["changed"]  # wakes the pool's loop
+    assert [h.id for h in watching] == [handlers.WAKE]  # wakes the pool's loop
     activities = sorted(h.id.split(".")[-1] for h in registry._activities.get_all_handlers())
     assert activities == ["cleanup", "login", "startup"]
     assert len(kopf.get_default_registry()._spawning.get_all_handlers()) == before
@@ -42,6 +43,23 @@ def test_settings_keep_kopfs_bookkeeping_in_our_namespace():
     assert settings.peering.lifetime == 12
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
     assert settings.posting.level >= 30  # only warnings become kopf Events
+
+
+def test_the_wake_handlers_success_is_not_logged_at_every_event(caplog):
+    # kopf logs "Handler '<id>' succeeded." at INFO after every handler it runs; for the
+    # handler that only wakes a pool's loop that is a line per status write of every pool.
+    handlers.configure(kopf.OperatorSettings())
+    handlers.configure(kopf.OperatorSettings())  # a second operator in the process: one filter
+    kopf_objects = logging.getLogger("kopf.objects")
+    assert len(kopf_objects.filters) == 1
+    with caplog.at_level(logging.INFO, logger="kopf.objects"):
+        kopf_objects.info(f"Handler {handlers.WAKE!r} succeeded.")
+        kopf_objects.info("Handler 'deleted' succeeded.")
+        kopf_objects.error(f"Handler {handlers.WAKE!r} failed with an exception")
+    assert [r.getMessage() for r in caplog.records] == [
+        "Handler 'deleted' succeeded.",
+        f"Handler {handlers.WAKE!r} failed with an exception",
+    ]
 
 
 def test_priorities_are_stable_and_differ_between_replicas():
