@@ -81,7 +81,7 @@ def _wake_event(memo: Any) -> asyncio.Event:
 
 
 def register(registry: kopf.OperatorRegistry) -> None:
-    @kopf.on.startup(registry=registry)
+    @kopf.on.startup(registry=registry, id="startup")
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         lifetime = os.environ.get("VERTUMNUS_PEERING_LIFETIME")
         configure(settings, int(lifetime) if lifetime else None)
@@ -89,20 +89,26 @@ def register(registry: kopf.OperatorRegistry) -> None:
         if memo.get("metrics") is not None:  # OperatorMetrics, from kopf.run(memo=...)
             memo["metrics"].api_requests = memo["kube"].requests
 
-    @kopf.on.cleanup(registry=registry)
+    @kopf.on.cleanup(registry=registry, id="cleanup")
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         kube = memo.get("kube")
         if kube is not None:
             await kube.close()
 
-    @kopf.on.login(registry=registry)
+    @kopf.on.login(registry=registry, id="login")
     def login(**_: Any) -> kopf.ConnectionInfo:
         # kopf's watches and the operator's own calls use the same identity.
         info: kopf.ConnectionInfo = connection_info()
         return info
 
     @kopf.daemon(
-        GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=10.0, initial_delay=0
+        GROUP,
+        VERSION,
+        PLURAL,
+        registry=registry,
+        id="pool",
+        cancellation_timeout=10.0,
+        initial_delay=0,
     )
     async def pool(
         *,
@@ -132,7 +138,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
         memo["seen_version"] = meta.get("resourceVersion")
         _wake_event(memo).set()
 
-    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry, id="deleted")
     async def deleted(
         *,
         name: str,

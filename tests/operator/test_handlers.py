@@ -22,16 +22,17 @@ def test_handlers_go_into_the_registry_given_not_kopfs_global_one():
     before = len(kopf.get_default_registry()._spawning.get_all_handlers())
     handlers.register(registry)
     daemons = registry._spawning.get_all_handlers()
-    assert [h.id.split(".")[-1] for h in daemons] == ["pool"]
+    # Named: kopf logs "Daemon 'pool' succeeded.", not "Daemon 'register.<locals>.pool' ...".
+    assert [h.id for h in daemons] == ["pool"]
     (daemon,) = daemons
     assert daemon.selector is not None and daemon.selector.group == "vertumnus.io"
     assert daemon.selector.any_name == "cppools" and daemon.requires_finalizer
     assert daemon.cancellation_timeout == 10.0
     changing = registry._changing.get_all_handlers()
-    assert [h.id.split(".")[-1] for h in changing] == ["deleted"]
+    assert [h.id for h in changing] == ["deleted"]
     watching = registry._watching.get_all_handlers()
     assert [h.id for h in watching] == [handlers.WAKE]  # wakes the pool's loop
-    activities = sorted(h.id.split(".")[-1] for h in registry._activities.get_all_handlers())
+    activities = sorted(h.id for h in registry._activities.get_all_handlers())
     assert activities == ["cleanup", "login", "startup"]
     assert len(kopf.get_default_registry()._spawning.get_all_handlers()) == before
 
