@@ -107,6 +107,10 @@ def register(registry: kopf.OperatorRegistry) -> None:
         PLURAL,
         registry=registry,
         id="pool",
+        # When the CPPool goes (or this operator pauses for a peer) the loop ends by itself
+        # at its next step, which follows the stop flag at once; kopf would otherwise cancel
+        # it right away and warn "Daemon 'pool' is cancelled. Will escalate." every time.
+        cancellation_backoff=5.0,
         cancellation_timeout=10.0,
         initial_delay=0,
     )
