@@ -68,6 +68,9 @@ def configure(settings: kopf.OperatorSettings, peering_lifetime: int | None = No
     )
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
+    # A pool's loop, stopped, closes its watches and router channels: more than the few
+    # zero-time event-loop cycles kopf waits by default, well under this.
+    settings.background.instant_exit_timeout = 0.25
     if peering_lifetime is not None:
         settings.peering.lifetime = peering_lifetime
 
@@ -108,9 +111,11 @@ def register(registry: kopf.OperatorRegistry) -> None:
         registry=registry,
         id="pool",
         # When the CPPool goes (or this operator pauses for a peer) the loop ends by itself
-        # at its next step, which follows the stop flag at once; kopf would otherwise cancel
-        # it right away and warn "Daemon 'pool' is cancelled. Will escalate." every time.
-        cancellation_backoff=5.0,
+        # at its next step, which follows the stop flag at once (kopf waits
+        # background.instant_exit_timeout for that, then looks again after this backoff);
+        # kopf would otherwise cancel it at once and warn "Daemon 'pool' is cancelled. Will
+        # escalate." every time.
+        cancellation_backoff=2.0,
         cancellation_timeout=10.0,
         initial_delay=0,
     )

@@ -27,7 +27,7 @@ def test_handlers_go_into_the_registry_given_not_kopfs_global_one():
     (daemon,) = daemons
     assert daemon.selector is not None and daemon.selector.group == "vertumnus.io"
     assert daemon.selector.any_name == "cppools" and daemon.requires_finalizer
-    assert daemon.cancellation_backoff == 5.0 and daemon.cancellation_timeout == 10.0
+    assert daemon.cancellation_backoff == 2.0 and daemon.cancellation_timeout == 10.0
     changing = registry._changing.get_all_handlers()
     assert [h.id for h in changing] == ["deleted"]
     watching = registry._watching.get_all_handlers()
@@ -44,6 +44,7 @@ def test_settings_keep_kopfs_bookkeeping_in_our_namespace():
     assert settings.peering.lifetime == 12
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
     assert settings.posting.level >= 30  # only warnings become kopf Events
+    assert settings.background.instant_exit_timeout == 0.25  # a stopped pool's loop ends
 
 
 def test_the_wake_handlers_success_is_not_logged_at_every_event(caplog):
