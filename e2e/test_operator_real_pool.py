@@ -8,7 +8,9 @@ pool's ConfigMap (only the engine's address and the listen port are replaced: th
 DNS names do not resolve outside a cluster). The operator, a real process under the
 chart's ServiceAccount, splits and merges the worker through the router's Admin API
 while clients send requests; every request must be answered exactly once, with the
-first token the engine gives at any degree, and the pod must stay the same.
+first token the engine gives at any degree, and the pod must stay the same. It finds
+that router as in a deployment, as the one endpoint of the pool's router Service (an
+EndpointSlice the test makes); the rolling update's test points it there by annotation.
 """
 
 from __future__ import annotations
