@@ -15,10 +15,15 @@ import pytest
 
 from vertumnus._proto import pool_pb2, pool_pb2_grpc
 from vertumnus.core import planner
+from vertumnus.core import transition as tr
 from vertumnus.core.control import Controller
 from vertumnus.core.keys import token_block_keys
+from vertumnus.core.lattice import Layout, Slot
 from vertumnus.operator.controller import feed
+from vertumnus.operator.events import MemoryEvents
+from vertumnus.operator.record import MemoryStore, Record
 from vertumnus.operator.routerapi import RouterAdmin
+from vertumnus.operator.transitions import TransitionRunner
 from vertumnus.profiles import load_capacity, load_model
 from vertumnus.router.serve import start_router
 from vertumnus.router.settings import RouterSettings
@@ -547,3 +552,76 @@ def test_an_operator_run_pools_router_reports_capacity_sums_the_controller_learn
     )
     assert tick is not None and tick.whatif is not None
     assert tick.whatif.current.requests == 12
+
+
+def test_an_operator_drains_again_at_a_router_restarted_between_drain_and_switch(
+    tmp_path,
+) -> None:
+    # The operator drained worker 0 for a split and recorded its Switching phase; then the
+    # router restarted. It rebuilt its workers from the engine, so worker 0 serves there
+    # again, and it refuses the switch until that worker is drained. The operator's runner,
+    # resumed from the record, drains it again and completes the split.
+    e = ps.Engine(4, [4], tmp_path / "e.log", worker_ids=[0]).start()
+    r = ps.RouterProcess([e.address], tmp_path / "r.log").start()
+    try:
+        seen = ps.pool(r.address)
+        layout = Layout(
+            tuple(Slot(w.worker, w.degree, w.domain, w.offset) for w in seen.workers), 4
+        )
+        pool, t, _ = tr.begin(tr.initial_pool(layout, seen.epoch), planner.Split(0, "by hand"))
+
+        async def drain() -> bool:
+            admin = RouterAdmin([r.address])
+            try:
+                return await admin.drain(0, 30.0)
+            finally:
+                await admin.close()
+
+        assert asyncio.run(drain())
+        pool, _ = tr.drained(pool, t.id, 0)
+        store = MemoryStore(Record(pool))
+        r.stop()
+        r.start()
+        assert ps.pool(r.address).workers[0].state == pool_pb2.WorkerStatus.SERVING
+        with grpc.insecure_channel(r.address) as ch:  # the router's side of the contract
+            switch = pool_pb2.SwitchRequest(
+                epoch=seen.epoch + 1,
+                domain=0,
+                grouping=[
+                    pool_pb2.Slot(worker=w, degree=2, domain=0, offset=o)
+                    for w, o in ((1, 0), (2, 2))
+                ],
+                removed=[0],
+                kind="split",
+            )
+            with pytest.raises(grpc.RpcError) as refused:
+                pool_pb2_grpc.AdminStub(ch).Switch(switch, timeout=30)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "not drained" in (refused.value.details() or "")
+
+        async def resumed() -> Record:
+            admin = RouterAdmin([r.address])
+            events = MemoryEvents()
+
+            async def annotate(domain, grouping, epoch) -> None:  # type: ignore[no-untyped-def]
+                pass
+
+            runner = TransitionRunner(
+                store.last, store, lambda: admin, events, annotate, retry_s=0.05
+            )
+            try:
+                assert len(runner.resume()) == 1
+                await asyncio.wait_for(runner.wait(), 60.0)
+            finally:
+                await admin.close()
+            assert events.reasons() == ["Committed"]
+            return store.last
+
+        final = asyncio.run(resumed())
+        assert final.pool.transitions == () and final.pool.epoch == seen.epoch + 1
+        after = ps.pool(r.address)
+        assert after.composition == str(final.pool.layout.composition) == "2xCP2"
+        assert after.epoch == seen.epoch + 1
+    finally:
+        r.stop()
+        e.stop()

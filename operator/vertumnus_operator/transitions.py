@@ -331,6 +331,17 @@ class TransitionRunner:
             )
             return more
 
+    async def _drain_again(self, action: tr.Switch) -> None:
+        """Drain the workers ``action`` removes at every router replica once more. A
+        replica that restarted since their drain rebuilt its workers from the engines, so
+        they serve there again, and it refuses the switch (FAILED_PRECONDITION) until they
+        are drained; at the others a drain of a drained worker answers at once."""
+        for worker in action.removed:
+            try:
+                await self.admin_for().drain(worker, self.drain_timeout_s)
+            except AdminError as e:
+                log.warning("drain of worker %d again: %s", worker, e)
+
     async def _switch(self, action: tr.Switch) -> None:
         t = self.record.pool.transition(action.transition)
         while True:
@@ -341,6 +352,8 @@ class TransitionRunner:
                 if e.code in ("INVALID_ARGUMENT", "NOT_FOUND"):
                     raise
                 log.warning("switch of transition %d: %s; retrying", action.transition, e)
+                if e.code == "FAILED_PRECONDITION":
+                    await self._drain_again(action)
                 await asyncio.sleep(self.retry_s)
         if self._annotated.get(action.domain, 0) < action.epoch:
             await self.annotate(action.domain, action.grouping, action.epoch)

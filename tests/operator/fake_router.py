@@ -118,6 +118,14 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
 
     # ---- knobs -----------------------------------------------------------------------------
 
+    def restart(self) -> None:
+        """As a router replica that restarted: it rebuilt its workers from the engines, so
+        what it had drained is serving again (a failed worker stays failed)."""
+        with self._lock:
+            for w in self.workers.values():
+                if not w.failure:
+                    w.state = pool_pb2.WorkerStatus.SERVING
+
     def set_demand(
         self, demand_s: float, requests: int = 0, long_requests: int = 0, long_demand_s: float = 0.0
     ) -> None:
@@ -226,6 +234,19 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
         if not grouping or any(s[2] != request.domain for s in grouping):
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "grouping: every slot must be in the domain"
+            )
+        with self._lock:  # as the router: a worker that leaves must have been drained here
+            # (a failed one's drain is not shown: it keeps reading FAILED)
+            undrained = [
+                w
+                for w in request.removed
+                if w in self.workers
+                and not self.workers[w].failure
+                and self.workers[w].state != pool_pb2.WorkerStatus.DRAINING
+            ]
+        if undrained:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"workers {undrained} are not drained"
             )
         with self._lock:
             current = tuple(

@@ -408,3 +408,40 @@ def test_replacements_of_one_place_back_off_and_start_over():
     assert problem.reason == "WorkerFailed" and "worker 9 (CP4, domain 0)" in problem.message
     r.seen({})
     assert r.problems() == []
+
+
+def test_a_router_restarted_between_the_drain_and_the_switch_is_drained_again():
+    # Two router replicas. Replica b restarts after the drain, before the switch reaches
+    # it: it rebuilt its workers from the engines, so the leaving worker serves there again
+    # and b refuses the switch (FAILED_PRECONDITION, as the router does). The runner drains
+    # it again and the switch goes through; retrying the switch alone would never end.
+    with FakeRouter() as a, FakeRouter() as b:
+        record, store = _fresh("2xCP8")
+        slots = [(s.worker, s.degree, s.domain, s.offset) for s in record.pool.layout.slots]
+        a.set_layout(slots)
+        b.set_layout(slots)
+        restarted: list[int] = []
+
+        def restart_once(request) -> None:  # type: ignore[no-untyped-def]
+            if not restarted:
+                restarted.append(request.epoch)
+                b.restart()
+
+        b.on_switch = restart_once
+        events, pods = MemoryEvents(), Pods()
+
+        async def go() -> None:
+            admin = RouterAdmin([a.address, b.address])
+            runner = TransitionRunner(
+                record, store, lambda: admin, events, pods.annotate, retry_s=0.01
+            )
+            assert await runner.manual(planner.Split(1, "by hand"))
+            await asyncio.wait_for(runner.wait(), 10.0)
+            await admin.close()
+
+        asyncio.run(go())
+        assert restarted == [2]
+        assert [w for w, _ in b.drains] == [1, 1]  # drained, restarted, drained again
+        assert str(store.last.pool.layout.composition) == "2xCP4+1xCP8"
+        assert a.composition() == b.composition() == "2xCP4+1xCP8"
+        assert events.reasons() == ["Draining", "Switching", "Committed"]
