@@ -308,6 +308,22 @@ def rolled_to(k8s: Any, namespace: str, name: str, image: str = NEW_IMAGE) -> di
     return st if st.get("phase") == "Ready" else None
 
 
+def hold_pod(k8s: Any, namespace: str, pod: str) -> None:
+    """A finalizer on ``pod``: deleted or evicted, it stays Terminating until
+    :func:`release_pod`, as a pod does while its kubelet stops its containers (kwok removes
+    it at once, and the operator, watching its pods, makes it again within a step)."""
+    hold = json.dumps({"metadata": {"finalizers": ["e2e.vertumnus.io/kubelet"]}})
+    k8s.kubectl("patch", "pod", pod, "-n", namespace, "--type=merge", "-p", hold)
+
+
+def release_pod(k8s: Any, namespace: str, pod: str) -> None:
+    """Remove the finalizers :func:`hold_pod` put on ``pod`` (no pod: nothing)."""
+    k8s.kubectl(
+        "patch", "pod", pod, "-n", namespace, "--type=merge",
+        "-p", '{"metadata":{"finalizers":null}}', check=False,
+    )  # fmt: skip
+
+
 def own_address() -> str:
     """This machine's IPv4 address on its default route, where a test's router listens
     when the operator must find it through a Service (the API server refuses a loopback

@@ -1081,11 +1081,18 @@ def test_evictions_take_one_domain_pod_at_a_time(k8s, operator, namespace, fake_
             }
             return k8s.api("POST", f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction", body)
 
-        status, reply = evict("evict-d0")
-        assert status == 201, reply
-        status, reply = evict("evict-d1")
-        assert status == 429, reply
-        assert "disruption budget" in reply.get("message", ""), reply
+        # The evicted pod stays Terminating, as while its kubelet stops it: with kwok it
+        # would be gone, made again and Ready before the second eviction is sent, which
+        # the budget would then allow.
+        ops.hold_pod(k8s, namespace, "evict-d0")
+        try:
+            status, reply = evict("evict-d0")
+            assert status == 201, reply
+            status, reply = evict("evict-d1")
+            assert status == 429, reply
+            assert "disruption budget" in reply.get("message", ""), reply
+        finally:
+            ops.release_pod(k8s, namespace, "evict-d0")
         # The evicted pod comes back (a lost domain), and the pool with it.
         wait_for("Ready again", 30, _ready(k8s, namespace, "evict"))
         k8s.kubectl("delete", "cppool", "evict", "-n", namespace, "--timeout=30s")

@@ -104,21 +104,6 @@ def _one_domain_pool(k8s, ns, name, label, tmp_path):  # type: ignore[no-untyped
     return uids
 
 
-def _release(k8s, ns, pod):  # type: ignore[no-untyped-def]
-    """Remove the finalizers the test put on ``pod`` (none left, or no pod: nothing)."""
-    k8s.kubectl(
-        "patch",
-        "pod",
-        pod,
-        "-n",
-        ns,
-        "--type=merge",
-        "-p",
-        '{"metadata":{"finalizers":null}}',
-        check=False,
-    )
-
-
 def _route(k8s, ns, name, engine, tmp_path, *, via_service=False):  # type: ignore[no-untyped-def]
     """A router from the pool's router.json in front of ``engine``, and the operator
     pointed at it: by the CPPool's ``vertumnus.io/router-addresses`` annotation, or
@@ -213,8 +198,7 @@ def test_a_rolling_update_restarts_the_engine_and_loses_no_request(
     with gpu_nodes(k8s, 1, gpus=4) as label:
         (uid,) = _one_domain_pool(k8s, namespace, "roll", label, tmp_path)
         (pod,) = [p["metadata"]["name"] for p in engine_pods(k8s, namespace, "roll")]
-        hold = json.dumps({"metadata": {"finalizers": ["e2e.vertumnus.io/kubelet"]}})
-        k8s.kubectl("patch", "pod", pod, "-n", namespace, "--type=merge", "-p", hold)
+        ops.hold_pod(k8s, namespace, pod)
         engine = ps.Engine(4, [4], tmp_path / "engine.log", worker_ids=[0]).start()
         router = None
         try:
@@ -239,7 +223,7 @@ def test_a_rolling_update_restarts_the_engine_and_loses_no_request(
             )
             engine.stop()  # the kubelet stops the old pod's engine and starts the new one's
             engine.start()
-            _release(k8s, namespace, pod)
+            ops.release_pod(k8s, namespace, pod)
 
             def serving():  # type: ignore[no-untyped-def]
                 st = pool_status(k8s, namespace, "roll")
@@ -258,7 +242,7 @@ def test_a_rolling_update_restarts_the_engine_and_loses_no_request(
             reasons = [e["reason"] for e in ops.events(k8s, namespace, "roll")]
             assert "DomainPodReplaced" in reasons, reasons
         finally:
-            _release(k8s, namespace, pod)
+            ops.release_pod(k8s, namespace, pod)
             if router is not None:
                 router.stop()
             engine.stop()
