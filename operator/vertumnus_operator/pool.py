@@ -122,8 +122,12 @@ def router_slices(
 async def router_addresses(obj: Mapping[str, Any], slices: Informer) -> list[str]:
     """Where the router replicas' Admin API listens: :func:`pinned_router_addresses`, else
     the ready endpoints of the ``<pool>-router`` Service (``slices``, see
-    :func:`router_slices`; :func:`endpoint_addresses`)."""
-    return pinned_router_addresses(obj) or endpoint_addresses(await slices.current())
+    :func:`router_slices`, started here when first needed; :func:`endpoint_addresses`)."""
+    pinned = pinned_router_addresses(obj)
+    if pinned:
+        return pinned
+    slices.start()
+    return endpoint_addresses(await slices.current())
 
 
 def endpoint_addresses(slices: Iterable[Mapping[str, Any]], port_name: str = "grpc") -> list[str]:
@@ -704,8 +708,6 @@ class PoolRuntime:
         return self.admin
 
     async def _refresh_admin(self, obj: Mapping[str, Any]) -> RouterAdmin | None:
-        if not pinned_router_addresses(obj):
-            self.router_slices.start()
         addresses = await router_addresses(obj, self.router_slices)
         if self.admin is not None and self.admin.addresses == tuple(addresses):
             return self.admin

@@ -235,8 +235,9 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "grouping: every slot must be in the domain"
             )
-        with self._lock:  # as the router: a worker that leaves must have been drained here
-            # (a failed one's drain is not shown: it keeps reading FAILED)
+        with self._lock:
+            # As the router: a worker that leaves must have been drained here (a failed
+            # one's drain is not shown: it keeps reading FAILED).
             undrained = [
                 w
                 for w in request.removed
@@ -244,11 +245,10 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
                 and not self.workers[w].failure
                 and self.workers[w].state != pool_pb2.WorkerStatus.DRAINING
             ]
-        if undrained:
-            context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION, f"workers {undrained} are not drained"
-            )
-        with self._lock:
+            if undrained:
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION, f"workers {undrained} are not drained"
+                )
             current = tuple(
                 sorted(
                     (i, w.degree, w.domain, w.offset)

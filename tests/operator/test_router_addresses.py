@@ -61,6 +61,10 @@ class _Slices:
     def __init__(self, items: list[dict[str, Any]]) -> None:
         self.items = items
         self.reads = 0
+        self.started = False
+
+    def start(self) -> None:
+        self.started = True
 
     async def current(self) -> list[dict[str, Any]]:
         self.reads += 1
@@ -72,6 +76,7 @@ def test_pinned_addresses_win_over_the_service(monkeypatch) -> None:  # type: ig
     slices = _Slices([_slice("IPv4", [["10.0.0.1"]], grpc=50051)])
     pinned = {"metadata": {"annotations": {"vertumnus.io/router-addresses": "a:1, b:2"}}}
     assert asyncio.run(router_addresses(pinned, slices)) == ["a:1", "b:2"]  # type: ignore[arg-type]
-    assert slices.reads == 0
+    assert slices.reads == 0 and not slices.started  # a pinned pool watches no Service
     unpinned: dict[str, Any] = {"metadata": {}}
     assert asyncio.run(router_addresses(unpinned, slices)) == ["10.0.0.1:50051"]  # type: ignore[arg-type]
+    assert slices.started
