@@ -358,11 +358,11 @@ def stop_router_pods(k8s: Any, namespace: str, name: str) -> None:
     )
 
 
-def add_router_endpoint(k8s: Any, namespace: str, name: str, address: str) -> None:
-    """Make ``address`` (``ip:port``, not loopback) a ready endpoint of the pool's
-    ``<name>-router`` Service at its ``grpc`` port, as the EndpointSlice controller does for
-    a router pod: an EndpointSlice of the Service's, managed by the test."""
-    host, port = address.rsplit(":", 1)
+def add_router_endpoint(k8s: Any, namespace: str, name: str, host: str, **ports: int) -> None:
+    """Make ``host`` (an IPv4 address, not loopback) a ready endpoint of the pool's
+    ``<name>-router`` Service with ``ports`` (by name: ``grpc``, ``admin``), as the
+    EndpointSlice controller does for a router pod: an EndpointSlice of the Service's,
+    managed by the test."""
     service = f"{name}-router"
     endpoints = {
         "apiVersion": "discovery.k8s.io/v1",
@@ -376,7 +376,7 @@ def add_router_endpoint(k8s: Any, namespace: str, name: str, address: str) -> No
             },
         },
         "addressType": "IPv4",
-        "ports": [{"name": "grpc", "port": int(port), "protocol": "TCP"}],
+        "ports": [{"name": n, "port": p, "protocol": "TCP"} for n, p in ports.items()],
         "endpoints": [{"addresses": [host], "conditions": {"ready": True}}],
     }
     k8s.kubectl("apply", "-f", "-", input=json.dumps(endpoints))

@@ -169,10 +169,14 @@ class RouterProcess:
         *extra: str,
         port: int | None = None,
         host: str = "127.0.0.1",
+        admin_port: bool = False,
     ) -> None:
         self.host = host
-        self.port = port or free_base(2)
+        self.port = port or free_base(3)
         self.metrics_port = self.port + 1
+        self.admin_port = self.port + 2 if admin_port else self.port
+        """The Admin API's port: its own (``--admin-listen``, as in a deployment), or the
+        public one's (also when a router.json names an ``adminPort``)."""
         self.engines = list(engines)
         self.extra = list(extra)
         self.log = log
@@ -181,6 +185,10 @@ class RouterProcess:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def admin_address(self) -> str:
+        return f"{self.host}:{self.admin_port}"
 
     def start(self, timeout_s: float = 60.0) -> RouterProcess:
         return self.spawn().wait_ready(timeout_s)
@@ -198,6 +206,8 @@ class RouterProcess:
             self.address,
             "--metrics-listen",
             f"127.0.0.1:{self.metrics_port}",
+            "--admin-listen",
+            self.admin_address if self.admin_port != self.port else "",
             *self.extra,
         ]
         for e in self.engines:
@@ -218,7 +228,7 @@ class RouterProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"router exited ({self.proc.returncode}); see {self.log}")
             try:
-                pool(self.address, timeout=1.0)
+                pool(self.admin_address, timeout=1.0)
                 return self
             except grpc.RpcError:
                 if time.monotonic() > deadline:

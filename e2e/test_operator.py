@@ -92,10 +92,23 @@ def test_helm_lint_and_template_are_clean(k8s, tmp_path):
             k8s, "template", "t", str(ops.CHART), "-n", "x", *extra, home=tmp_path
         ).stdout
         assert "kind: Deployment" in out and "kind: NetworkPolicy" in out
+        docs = [d for d in yaml.safe_load_all(out) if d]
+        (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+        # The routers' Admin port (drain, switch) takes only the operator's pods; their
+        # grpc port takes every client.
+        (routers,) = [
+            d
+            for d in docs
+            if d["kind"] == "NetworkPolicy"
+            and d["metadata"]["name"] == "t-vertumnus-operator-routers"
+        ]
+        rules = {r["ports"][0]["port"]: r.get("from") for r in routers["spec"]["ingress"]}
+        assert set(rules) == {"grpc", "admin", "metrics"} and rules["grpc"] is None
+        ((peer,),) = [rules["admin"]]
+        selector = peer["podSelector"]["matchLabels"]
+        assert selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
         if extra:
             # The operator's metrics: served, exposed by a Service, scraped, let through.
-            docs = [d for d in yaml.safe_load_all(out) if d]
-            (dep,) = [d for d in docs if d["kind"] == "Deployment"]
             (container,) = dep["spec"]["template"]["spec"]["containers"]
             assert "--metrics-listen=0.0.0.0:9464" in container["args"]
             monitors = {d["metadata"]["name"] for d in docs if d["kind"] == "ServiceMonitor"}
@@ -248,6 +261,11 @@ def test_the_service_account_has_only_what_it_needs(k8s, chart):
             "greater than or equal to 1",
         ),
         ({"gpus": 16, "redis": {"mode": "external"}}, "spec.redis.url", "needs url"),
+        (
+            {"gpus": 16, "router": {"adminPort": 50050}},
+            "spec.router.adminPort",
+            "must differ from port and metricsPort",
+        ),
         (
             {"gpus": 16, "updateStrategy": {"type": "Recreate"}},
             "spec.updateStrategy.type",
@@ -574,7 +592,8 @@ def test_a_split_and_a_merge_asked_for_by_annotation(k8s, operator, namespace):
         st = wait_for("RouterUnavailable", 20, no_router)
         assert "no router address" in condition(st, "Degraded")["message"]
         assert st["composition"] == "1xCP8" and not fake_router.applied
-        ops.add_router_endpoint(k8s, namespace, "byhand", fake_router.address)
+        host, port = fake_router.address.rsplit(":", 1)
+        ops.add_router_endpoint(k8s, namespace, "byhand", host, admin=int(port))
         st = wait_for("the split", 30, _ready(k8s, namespace, "byhand", "2xCP4"))
         assert condition(st, "Degraded")["status"] == "False"
         assert [w["id"] for w in st["workers"]] == [1, 2]

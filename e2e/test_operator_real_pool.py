@@ -23,6 +23,7 @@ import time
 import e2e_operator_support as ops
 import e2e_pool_support as ps
 import grpc
+import pytest
 from e2e_operator_support import (
     condition,
     cppool,
@@ -117,14 +118,16 @@ def _route(k8s, ns, name, engine, tmp_path, *, via_service=False):  # type: igno
         "--config",
         str(tmp_path / "router.json"),
         host=ops.own_address() if via_service else "127.0.0.1",
+        admin_port=True,  # Admin on a port of its own, as router.json's adminPort in a pod
     ).start()
     if not via_service:
         k8s.kubectl(
-            "annotate", "cppool", name, "-n", ns, f"vertumnus.io/router-addresses={router.address}"
-        )
+            "annotate", "cppool", name, "-n", ns,
+            f"vertumnus.io/router-addresses={router.admin_address}",
+        )  # fmt: skip
         return router
     ops.stop_router_pods(k8s, ns, name)
-    ops.add_router_endpoint(k8s, ns, name, router.address)
+    ops.add_router_endpoint(k8s, ns, name, router.host, grpc=router.port, admin=router.admin_port)
 
     def routed():  # type: ignore[no-untyped-def]
         st = pool_status(k8s, ns, name)
@@ -167,7 +170,11 @@ def test_a_split_and_a_merge_by_the_operator_move_real_requests_and_lose_none(
             degrees = {r.degree for r in clients.answers.values()}
             assert degrees == {2, 4}, degrees
             # The router and the engine are where the operator's status says.
-            seen = ps.pool(router.address)
+            seen = ps.pool(router.admin_address)
+            # The operator reached Admin at its own port; the clients' port does not serve it.
+            with pytest.raises(grpc.RpcError) as refused:
+                ps.pool(router.address)
+            assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
             assert seen.epoch == st["epoch"] == 3
             assert seen.composition == "1xCP4"
             assert [w.worker for w in seen.workers] == [w["id"] for w in st["workers"]]
@@ -218,16 +225,16 @@ def test_a_rolling_update_restarts_the_engine_and_loses_no_request(
             wait_for("the old pod deleted", 60, terminating)
             # The operator drains first and resumes only once the new pod is Ready, which
             # cannot be before the old one is gone: the worker must be draining now.
-            assert ps.pool(router.address).workers[0].state == pool_pb2.WorkerStatus.DRAINING, (
-                "the pod went before its worker was drained"
-            )
+            assert (
+                ps.pool(router.admin_address).workers[0].state == pool_pb2.WorkerStatus.DRAINING
+            ), "the pod went before its worker was drained"
             engine.stop()  # the kubelet stops the old pod's engine and starts the new one's
             engine.start()
             ops.release_pod(k8s, namespace, pod)
 
             def serving():  # type: ignore[no-untyped-def]
                 st = pool_status(k8s, namespace, "roll")
-                w = ps.pool(router.address).workers[0]
+                w = ps.pool(router.admin_address).workers[0]
                 return st.get("phase") == "Ready" and w.state == pool_pb2.WorkerStatus.SERVING
 
             wait_for("the worker serving again", 60, serving)

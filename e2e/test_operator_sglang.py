@@ -141,6 +141,7 @@ def test_a_failed_sglang_server_is_replaced_by_the_operator_in_the_same_pod(
                 tmp_path / "router.log",
                 "--config",
                 str(tmp_path / "router.json"),
+                admin_port=True,
             ).start()
             k8s.kubectl(
                 "annotate",
@@ -148,7 +149,7 @@ def test_a_failed_sglang_server_is_replaced_by_the_operator_in_the_same_pod(
                 name,
                 "-n",
                 namespace,
-                f"vertumnus.io/router-addresses={router.address}",
+                f"vertumnus.io/router-addresses={router.admin_address}",
             )
             assert {r.worker for r in _prefill_all(router.address, 8)} == set(ids)
             kept_pid = adapter.server_pid(0)
@@ -176,7 +177,7 @@ def test_a_failed_sglang_server_is_replaced_by_the_operator_in_the_same_pod(
             said = [(e["reason"], e.get("message", "")) for e in events(k8s, namespace, name)]
             assert any(r == "WorkerFailed" and "exited with code 7" in m for r, m in said), said
             # The router and the adapter agree with the status; the new server serves.
-            seen = ps.pool(router.address)
+            seen = ps.pool(router.admin_address)
             assert seen.epoch == 2 and [w.worker for w in seen.workers] == [ids[0], new]
             assert all(w.state == pool_pb2.WorkerStatus.SERVING for w in seen.workers)
             assert {r.worker for r in _prefill_all(router.address, 8)} == {ids[0], new}

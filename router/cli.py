@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="ROUTER_JSON",
         help="read the settings from this router.json, the operator's ConfigMap <pool>-router "
-        "(pool, port, metricsPort, admissionLimit, model.profile, placement, cacheManager, redis, "
+        "(pool, port, adminPort, metricsPort, admissionLimit, model.profile, placement, cacheManager, redis, "
         "engines; namespace, model.name/path, engine, domainSize and controller's window are "
         "informational and ignored); flags given here override it",
     )
@@ -57,6 +57,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--listen",
         default=None,
         help="HOST:PORT of the public API (default 127.0.0.1:50050; the file's port on 0.0.0.0)",
+    )
+    p.add_argument(
+        "--admin-listen",
+        default=None,
+        help="HOST:PORT of the Admin API on a port of its own (default: on --listen; the file's "
+        "adminPort on 0.0.0.0; empty: on --listen whatever the file says)",
     )
     p.add_argument(
         "--metrics-listen",
@@ -139,6 +145,7 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
         name: value
         for name, value in (
             ("listen", args.listen),
+            ("admin_listen", args.admin_listen),
             ("metrics_listen", args.metrics_listen),
             ("pool", args.pool),
             ("profile", args.profile),

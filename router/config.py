@@ -17,8 +17,9 @@ the key's path (``placement.beta must be >= 1, got 0.5``).
 What the router reads:
 
 - ``pool``: the pool's name (the prefix index's namespace);
-- ``port``, ``metricsPort``: the public API and ``/metrics`` listen on every interface
-  at these ports (``0.0.0.0:PORT``: a Service reaches the pod from outside);
+- ``port``, ``adminPort``, ``metricsPort``: the public API (Prefill), the Admin API and
+  ``/metrics`` listen on every interface at these ports (``0.0.0.0:PORT``: a Service
+  reaches the pod from outside); without ``adminPort``, Admin is served on ``port``;
 - ``admissionLimit``: requests accepted and not finished, at most;
 - ``model.profile``: the prefill-time profile placement predicts with;
 - ``placement.beta``, ``placement.betaBusy``, ``placement.lambda``: β, β_busy, λ
@@ -334,6 +335,7 @@ _TOP_LEVEL = (
     "pool",
     "namespace",
     "port",
+    "adminPort",
     "metricsPort",
     "admissionLimit",
     "model",
@@ -365,10 +367,17 @@ def parse_router_config(raw: Any) -> RouterConfig:
     cache_manager = _cache_manager(doc)
     redis_url, password_env = _redis(doc)
     engines = _engines(doc)
+    listen = _listen(doc, "port", defaults.listen)
+    admin_listen = _listen(doc, "adminPort", defaults.admin_listen)
+    metrics_listen = _listen(doc, "metricsPort", defaults.metrics_listen)
+    for key in ("adminPort", "metricsPort"):
+        if key in doc.raw and doc.raw[key] == doc.raw.get("port"):
+            raise ConfigError(key, f"must differ from port ({doc.raw['port']})")
     try:
         settings = RouterSettings(
-            listen=_listen(doc, "port", defaults.listen),
-            metrics_listen=_listen(doc, "metricsPort", defaults.metrics_listen),
+            listen=listen,
+            admin_listen=admin_listen,
+            metrics_listen=metrics_listen,
             pool=doc.string("pool", defaults.pool),
             profile=profile,
             placement=placement,

@@ -1,7 +1,7 @@
 """Running a router process: the gRPC server, ``/metrics``, signals, a clean shutdown.
 
 ``serve`` is what ``vertumnus router`` and ``vertumnus up`` run. It binds the
-public port exclusively (gRPC's port reuse off: a second router on a port in
+public port (and the Admin API's, when ``admin_listen`` gives it one) exclusively (gRPC's port reuse off: a second router on a port in
 use fails instead of sharing it), answers health NOT_SERVING until the router
 has discovered its workers, and on SIGINT or SIGTERM shuts down gracefully
 (:meth:`RunningRouter.stop`): health turns NOT_SERVING, the server takes no new
@@ -39,6 +39,7 @@ SHUTDOWN_GRACE_S = 30.0
 The operator's router pods allow it, and their ``preStop`` sleep, before they are killed."""
 
 _SERVICES = ("", "vertumnus.v1.Prefill", "vertumnus.v1.Admin")
+"""What the public port's health service reports on (Admin only where it is served there)."""
 
 
 class RunningRouter:
@@ -51,12 +52,16 @@ class RunningRouter:
         port: int,
         metrics_port: int | None,
         health: Any = None,
+        admin: tuple[grpc.aio.Server, int] | None = None,
     ) -> None:
         self.router = router
         self.server = server
         self.port = port
         self.metrics_port = metrics_port
         self.health = health
+        self.admin_server: grpc.aio.Server | None = None if admin is None else admin[0]
+        """The Admin API's own server (``admin_listen``); None: Admin is on ``server``."""
+        self.admin_port = port if admin is None else admin[1]
         self._metrics_server: Any = None
 
     @property
@@ -64,15 +69,28 @@ class RunningRouter:
         host = self.router.settings.listen.rpartition(":")[0]
         return f"{host}:{self.port}"
 
+    def _health_names(self) -> tuple[str, ...]:
+        return _SERVICES if self.admin_server is None else _SERVICES[:2]
+
+    @property
+    def admin_address(self) -> str:
+        if self.admin_server is None:
+            return self.address
+        host = self.router.settings.admin_listen.rpartition(":")[0]
+        return f"{host}:{self.admin_port}"
+
     async def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Take no new request and answer those in flight, up to ``grace_s`` (what is
         left then is cancelled); then close the router."""
         if self.health is not None:
-            for name in _SERVICES:
+            for name in self._health_names():
                 await self.health.set(name, NOT_SERVING)
         # New RPCs are refused from here (GOAWAY); the router goes on placing and
         # answering the ones it holds while the server waits for them.
-        await self.server.stop(grace=grace_s)
+        await asyncio.gather(
+            self.server.stop(grace=grace_s),
+            *([self.admin_server.stop(grace=grace_s)] if self.admin_server else []),
+        )
         await self.router.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
@@ -90,26 +108,26 @@ async def start_router(
     """Bind the ports, discover the engines, start serving."""
     router = Router(settings, engines, store=store, router_id=router_id)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    health = add_services(server, router)
-    try:
-        port = server.add_insecure_port(settings.listen)
-    except RuntimeError as e:
-        raise OSError(
-            f"cannot listen on {settings.listen}: {e} (is another router running there?)"
-        ) from None
-    if port == 0:
-        raise OSError(f"cannot listen on {settings.listen} (is another router running there?)")
+    admin = grpc.aio.server(options=[("grpc.so_reuseport", 0)]) if settings.admin_listen else None
+    health = add_services(server, router, admin)
+    port = _bind(server, settings.listen)
+    admin_port = _bind(admin, settings.admin_listen) if admin is not None else port
     await health.set("", NOT_SERVING)
-    await server.start()
+    servers = [server] if admin is None else [server, admin]
+    for s in servers:
+        await s.start()
     try:
         await router.start(discover_timeout_s=discover_timeout_s)
         if on_store is not None:
             await on_store(router)
     except BaseException:
-        await server.stop(grace=None)
+        for s in servers:
+            await s.stop(grace=None)
         await router.close()
         raise
-    running = RunningRouter(router, server, port, None, health)
+    running = RunningRouter(
+        router, server, port, None, health, None if admin is None else (admin, admin_port)
+    )
     if settings.metrics_listen:
         host, _, mport = settings.metrics_listen.rpartition(":")
         try:
@@ -121,9 +139,21 @@ async def start_router(
             raise OSError(f"cannot serve metrics on {settings.metrics_listen}: {e}") from None
         running._metrics_server = http
         running.metrics_port = http.server_port
-    for name in _SERVICES:
+    for name in running._health_names():
         await health.set(name, SERVING)
     return running
+
+
+def _bind(server: grpc.aio.Server, listen: str) -> int:
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError as e:
+        raise OSError(
+            f"cannot listen on {listen}: {e} (is another router running there?)"
+        ) from None
+    if port == 0:
+        raise OSError(f"cannot listen on {listen} (is another router running there?)")
+    return port
 
 
 async def serve(  # type: ignore[no-untyped-def]
@@ -145,9 +175,10 @@ async def serve(  # type: ignore[no-untyped-def]
         if running.metrics_port
         else "no metrics endpoint"
     )
+    admin = f"Admin on {running.admin_address}" if running.admin_server else "Admin there too"
     print(
         f"vertumnus router {running.router.router_id}: serving {running.router.composition()} on "
-        f"{running.address} ({metrics}); Ctrl-C to stop",
+        f"{running.address} ({admin}; {metrics}); Ctrl-C to stop",
         flush=True,
     )
     await stop.wait()

@@ -243,18 +243,22 @@ class AdminServicer(pool_pb2_grpc.AdminServicer):
         )
 
 
-def add_services(server: grpc.aio.Server, router: Router) -> health.HealthServicer:
-    """Register Prefill, Admin, health and reflection on ``server``."""
+def add_services(
+    server: grpc.aio.Server, router: Router, admin_server: grpc.aio.Server | None = None
+) -> health.HealthServicer:
+    """Register Prefill, health and reflection on ``server``, and Admin on ``admin_server``
+    (with reflection of its own), or on ``server`` too when that is None."""
     pool_pb2_grpc.add_PrefillServicer_to_server(PrefillServicer(router), server)
-    pool_pb2_grpc.add_AdminServicer_to_server(AdminServicer(router), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = (
-        pool_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name,
-        pool_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
-        health.SERVICE_NAME,
-        reflection.SERVICE_NAME,
-    )
+    prefill = pool_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name
+    admin = pool_pb2.DESCRIPTOR.services_by_name["Admin"].full_name
+    pool_pb2_grpc.add_AdminServicer_to_server(AdminServicer(router), admin_server or server)
+    if admin_server is None:
+        names: tuple[str, ...] = (prefill, admin, health.SERVICE_NAME, reflection.SERVICE_NAME)
+    else:
+        names = (prefill, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection((admin, reflection.SERVICE_NAME), admin_server)
     reflection.enable_server_reflection(names, server)
     return health_servicer
 

@@ -22,7 +22,13 @@ class RouterSettings:
     """How one router replica serves its pool."""
 
     listen: str = "127.0.0.1:50050"
-    """host:port of the public API (Prefill, Admin, health, reflection)."""
+    """host:port of the public API (Prefill, health, reflection; Admin too unless
+    ``admin_listen`` gives it a port of its own)."""
+    admin_listen: str = ""
+    """host:port of the Admin API on a port of its own (empty: Admin is served on
+    ``listen`` beside Prefill). Admin drains workers and regroups engines: a
+    deployment gives it its own port, so that a NetworkPolicy lets every client reach
+    Prefill and only the operator reach Admin (the operator's router pods do)."""
     metrics_listen: str = "127.0.0.1:9464"
     """host:port of the Prometheus ``/metrics`` endpoint (empty: none)."""
     pool: str = "local"
@@ -97,12 +103,18 @@ class RouterSettings:
     ``store`` (it follows the shared store's change stream: a second replica)."""
 
     def __post_init__(self) -> None:
-        for name in ("listen",):
+        for name in ("listen", "admin_listen")[: 2 if self.admin_listen else 1]:
             host, sep, port = getattr(self, name).rpartition(":")
             if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
                 raise ValueError(
                     f"{name}: expected HOST:PORT with a port in 0..65535, got {getattr(self, name)!r}"
                 )
+        port = self.listen.rpartition(":")[2]
+        if self.admin_listen and port != "0" and self.admin_listen.rpartition(":")[2] == port:
+            raise ValueError(
+                f"admin_listen: {self.admin_listen!r} has the public API's port ({self.listen!r}); "
+                "leave it empty to serve Admin there"
+            )
         if self.admission_limit < 1:
             raise ValueError(f"admission_limit must be >= 1, got {self.admission_limit}")
         if self.report_requests < 0:

@@ -155,6 +155,9 @@ class RouterSpec:
     replicas: int = 1
     image: str = "ghcr.io/vertumnus/vertumnus:0.1.0"
     port: int = 50050
+    admin_port: int = 50060
+    """The Admin API's own port: the operator dials it; a NetworkPolicy can keep clients,
+    who need only ``port``, off it."""
     metrics_port: int = 9090
     admission_limit: int = 1024
     node_selector: Mapping[str, str] = field(default_factory=dict)
@@ -525,6 +528,7 @@ def parse_spec(
         replicas=_int(r, "replicas", rp, 1, 1, 64),
         image=_str(r, "image", rp, "") or router_image,
         port=_int(r, "port", rp, 50050, 1, 65535),
+        admin_port=_int(r, "adminPort", rp, 50060, 1, 65535),
         metrics_port=_int(r, "metricsPort", rp, 9090, 1, 65535),
         admission_limit=_int(r, "admissionLimit", rp, 1024, 1),
         node_selector=_selector(r, "nodeSelector", rp),
@@ -532,6 +536,11 @@ def parse_spec(
     )
     if router.port == router.metrics_port:
         raise SpecError(f"{rp}.metricsPort", f"must differ from port ({router.port})")
+    if router.admin_port in (router.port, router.metrics_port):
+        raise SpecError(
+            f"{rp}.adminPort",
+            f"must differ from port ({router.port}) and metricsPort ({router.metrics_port})",
+        )
 
     rd = _obj(raw, "redis", p)
     dp = f"{p}.redis"

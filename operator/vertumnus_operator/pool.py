@@ -29,7 +29,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -130,9 +130,12 @@ async def router_addresses(obj: Mapping[str, Any], slices: Informer) -> list[str
     return endpoint_addresses(await slices.current())
 
 
-def endpoint_addresses(slices: Iterable[Mapping[str, Any]], port_name: str = "grpc") -> list[str]:
+def endpoint_addresses(
+    slices: Iterable[Mapping[str, Any]], port_names: Sequence[str] = ("admin", "grpc")
+) -> list[str]:
     """``host:port`` of each ready endpoint of ``slices`` (EndpointSlices), at their port
-    named ``port_name``; IPv6 hosts in brackets.
+    named by the first of ``port_names`` they have (a router Service rendered before the
+    Admin API had a port of its own has only ``grpc``); IPv6 hosts in brackets.
 
     A dual-stack Service has a slice per address family for the same pods, so only one
     family is read (IPv4 where there is one, then IPv6, then FQDN), lest each router be
@@ -141,9 +144,8 @@ def endpoint_addresses(slices: Iterable[Mapping[str, Any]], port_name: str = "gr
     by_family: dict[str, list[str]] = {}
     for sl in slices:
         family = sl.get("addressType", "IPv4")
-        port = next(
-            (p.get("port") for p in sl.get("ports") or [] if p.get("name") == port_name), None
-        )
+        ports = {p.get("name"): p.get("port") for p in sl.get("ports") or []}
+        port = next((ports[n] for n in port_names if ports.get(n)), None)
         for ep in sl.get("endpoints") or []:
             addresses = ep.get("addresses") or []
             if port and addresses and (ep.get("conditions") or {}).get("ready", True):

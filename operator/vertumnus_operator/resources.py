@@ -378,6 +378,7 @@ def router_config(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
         "pool": owner.name,
         "namespace": owner.namespace,
         "port": spec.router.port,
+        "adminPort": spec.router.admin_port,
         "metricsPort": spec.router.metrics_port,
         "admissionLimit": spec.router.admission_limit,
         "model": {"name": spec.model.name, "path": spec.model.path, "profile": spec.model.profile},
@@ -502,6 +503,7 @@ def router_deployment(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
                 ],
                 "ports": [
                     {"name": "grpc", "containerPort": r.port},
+                    {"name": "admin", "containerPort": r.admin_port},
                     {"name": "metrics", "containerPort": r.metrics_port},
                 ],
                 "readinessProbe": {"grpc": {"port": r.port}, "periodSeconds": 5},
@@ -551,6 +553,9 @@ def router_service(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
             "selector": {LABEL_POOL: owner.name, LABEL_COMPONENT: "router"},
             "ports": [
                 {"name": "grpc", "port": r.port, "targetPort": "grpc"},
+                # The operator dials each ready pod's Admin port through this Service's
+                # EndpointSlices; clients need only grpc.
+                {"name": "admin", "port": r.admin_port, "targetPort": "admin"},
                 {"name": "metrics", "port": r.metrics_port, "targetPort": "metrics"},
             ],
         },

@@ -86,6 +86,7 @@ _CAMEL = {
     "thetaReclaim": "theta_reclaim",
     "scanIntervalSeconds": "scan_interval_seconds",
     "metricsPort": "metrics_port",
+    "adminPort": "admin_port",
     "admissionLimit": "admission_limit",
     "cacheManager": "cache_manager",
 }
@@ -131,7 +132,7 @@ def test_every_cel_rule_names_its_field():
         return out
 
     found = rules(_schema())
-    assert len(found) == 12
+    assert len(found) == 14
     assert all(r.get("fieldPath", "").startswith(".") and r.get("message") for r in found)
 
 
@@ -173,6 +174,8 @@ def test_every_cel_rule_names_its_field():
         ({"redis": {"mode": "cluster"}}, "spec.redis.mode"),
         ({"gang": {"backend": "kueue"}}, "spec.gang.backend"),
         ({"router": {"port": 9090}}, "spec.router.metricsPort"),
+        ({"router": {"adminPort": 50050}}, "spec.router.adminPort"),
+        ({"router": {"adminPort": 9090}}, "spec.router.adminPort"),
         ({"scheduling": {"nodeSelector": {"a": 1}}}, "spec.scheduling.nodeSelector.a"),
         ({"updateStrategy": {"type": "Recreate"}}, "spec.updateStrategy.type"),
         (

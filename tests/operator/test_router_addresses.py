@@ -38,6 +38,13 @@ def test_a_slice_without_the_grpc_port_or_without_endpoints_gives_nothing() -> N
     assert endpoint_addresses([]) == []
 
 
+def test_the_admin_port_where_the_service_has_one_else_grpc() -> None:
+    both = _slice("IPv4", [["10.0.0.1"]], grpc=50050, admin=50060, metrics=9090)
+    assert endpoint_addresses([both]) == ["10.0.0.1:50060"]
+    # A Service rendered before Admin had a port of its own: the routers serve it on grpc.
+    assert endpoint_addresses([_slice("IPv4", [["10.0.0.1"]], grpc=50050)]) == ["10.0.0.1:50050"]
+
+
 def test_ipv6_hosts_are_bracketed() -> None:
     sl = _slice("IPv6", [["fd00::7"]], grpc=50051)
     assert endpoint_addresses([sl]) == ["[fd00::7]:50051"]

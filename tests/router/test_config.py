@@ -45,7 +45,7 @@ SPEC = {
         "decay": 0.7,
         "scanIntervalSeconds": 2.0,
     },
-    "router": {"port": 50100, "metricsPort": 9100, "admissionLimit": 77},
+    "router": {"port": 50100, "adminPort": 50110, "metricsPort": 9100, "admissionLimit": 77},
     "controller": {"windowSeconds": 30, "hopSeconds": 10},
 }
 """A CPPool spec with a non-default value in every field the router reads."""
@@ -69,7 +69,11 @@ def test_the_operators_router_json_gives_the_pools_settings():
     config = parse_router_config(_doc())
     s = config.settings
     assert s.pool == "pool-a"
-    assert (s.listen, s.metrics_listen) == ("0.0.0.0:50100", "0.0.0.0:9100")
+    assert (s.listen, s.admin_listen, s.metrics_listen) == (
+        "0.0.0.0:50100",
+        "0.0.0.0:50110",
+        "0.0.0.0:9100",
+    )
     assert s.admission_limit == 77 and s.profile == "qwen3-30b-a3b/h200"
     assert s.placement == PlacementParams(beta=1.5, beta_busy=7.5, lam=0.25)
     assert s.placement == parse_spec(SPEC).placement_params()
@@ -203,6 +207,9 @@ BAD = [
     ("port", 0, "port must be >= 1, got 0"),
     ("port", 70000, "port must be <= 65535, got 70000"),
     ("metricsPort", 9.5, "metricsPort must be an integer, got 9.5"),
+    ("metricsPort", 50100, "metricsPort must differ from port (50100)"),
+    ("adminPort", 50100, "adminPort must differ from port (50100)"),
+    ("adminPort", "50110", "adminPort must be an integer, got '50110'"),
     ("admissionLimit", 0, "admissionLimit must be >= 1, got 0"),
     ("pool", 3, "pool must be a string, got 3"),
     ("pool", "a:b", "pool name 'a:b' must be non-empty without braces, colons or spaces"),
@@ -271,6 +278,8 @@ def test_flags_given_override_the_file_and_the_rest_keep_it(router_json):
             "127.0.0.1:6000",
             "--metrics-listen",
             "",
+            "--admin-listen",
+            "",
             "--pool",
             "other",
             "--profile",
@@ -300,6 +309,7 @@ def test_flags_given_override_the_file_and_the_rest_keep_it(router_json):
         "cpu-tiny",
         5,
     )
+    assert s.admin_listen == ""  # empty: Admin on --listen, whatever the file's adminPort
     assert s.placement == PlacementParams(beta=2.0, beta_busy=3.0, lam=0.0)
     assert s.cache_manager is None and s.controller is not None
     # The controller's defaults, its what-if replays on up to two threads.
