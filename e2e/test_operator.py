@@ -1093,12 +1093,7 @@ def test_evictions_take_one_domain_pod_at_a_time(k8s, operator, namespace, fake_
         assert pdb["spec"]["minAvailable"] == 1 and pdb["status"]["disruptionsAllowed"] == 1
 
         def evict(pod):
-            body = {
-                "apiVersion": "policy/v1",
-                "kind": "Eviction",
-                "metadata": {"name": pod, "namespace": namespace},
-            }
-            return k8s.api("POST", f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction", body)
+            return _evict(k8s, namespace, pod)
 
         # The evicted pod stays Terminating, as while its kubelet stops it: with kwok it
         # would be gone, made again and Ready before the second eviction is sent, which
@@ -1117,6 +1112,53 @@ def test_evictions_take_one_domain_pod_at_a_time(k8s, operator, namespace, fake_
         k8s.kubectl("delete", "cppool", "evict", "-n", namespace, "--timeout=30s")
 
 
+def _evict(k8s, namespace, pod):  # type: ignore[no-untyped-def]
+    """POST an Eviction of ``pod`` (what ``kubectl drain`` sends): (HTTP status, reply)."""
+    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod}}
+    return k8s.api("POST", f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction", body)
+
+
+def test_a_node_drain_evicts_one_router_at_a_time(k8s, operator, namespace, fake_router):
+    # kubectl drain cordons its nodes, then evicts their pods. With two router replicas
+    # the pool's router budget lets one go and refuses the other while the first one's
+    # replacement cannot start (the nodes are cordoned): the pool keeps a router.
+    with gpu_nodes(k8s, 2) as label:
+        composition = [{"count": 2, "degree": 8}]
+        ops.apply(
+            k8s,
+            cppool("rdrain", namespace, 16, label, composition=composition, router={"replicas": 2}),
+        )
+        wait_for("Ready", 30, _ready(k8s, namespace, "rdrain"))
+
+        def budget():  # type: ignore[no-untyped-def]
+            out = k8s.kubectl("get", "pdb", "rdrain-router", "-n", namespace, "-o", "json")
+            return json.loads(out.stdout)
+
+        pdb = wait_for(
+            "the routers' budget counted",
+            30,
+            lambda: (b := budget())["status"].get("currentHealthy") == 2 and b,
+        )
+        assert pdb["spec"]["maxUnavailable"] == 1 and pdb["status"]["disruptionsAllowed"] == 1
+        routers = k8s.kubectl(
+            "get", "pods", "-n", namespace, "-o", "name",
+            "-l", "vertumnus.io/pool=rdrain,app.kubernetes.io/component=router",
+        ).stdout.split()  # fmt: skip
+        assert len(routers) == 2, routers
+        ((key, value),) = label.items()
+        k8s.kubectl("cordon", "-l", f"{key}={value}")
+        try:
+            status, reply = _evict(k8s, namespace, routers[0].removeprefix("pod/"))
+            assert status == 201, reply
+            status, reply = _evict(k8s, namespace, routers[1].removeprefix("pod/"))
+            assert status == 429, reply
+            assert "disruption budget" in reply.get("message", ""), reply
+        finally:
+            k8s.kubectl("uncordon", "-l", f"{key}={value}")
+        wait_for("two routers again", 30, lambda: budget()["status"].get("currentHealthy") == 2)
+        k8s.kubectl("delete", "cppool", "rdrain", "-n", namespace, "--timeout=30s")
+
+
 def test_deleting_the_pool_removes_everything_it_made(k8s, operator, namespace):
     with gpu_nodes(k8s, 1) as label:
         ops.apply(k8s, cppool("doomed", namespace, 8, label, redis={"mode": "managed"}))
@@ -1133,6 +1175,7 @@ def test_deleting_the_pool_removes_everything_it_made(k8s, operator, namespace):
             made
         )
         assert "poddisruptionbudget.policy/doomed-domains" in made, made
+        assert "poddisruptionbudget.policy/doomed-router" in made, made
         assert len(made) >= 10, made
         k8s.kubectl("delete", "cppool", "doomed", "-n", namespace, "--timeout=30s")
         assert (

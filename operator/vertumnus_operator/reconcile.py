@@ -42,13 +42,14 @@ def pool_objects(
     spec: PoolSpec, owner: res.Owner, layout: Layout, epoch: int
 ) -> list[dict[str, Any]]:
     """Every object of the pool except its pods, the gang object and the Redis Secret
-    (its PodDisruptionBudget included)."""
+    (its PodDisruptionBudgets, of the domain pods and of the routers, included)."""
     objs = [
         res.engines_service(owner, spec),
         res.domains_pdb(owner, spec),
         res.configmap(spec, owner, layout, epoch),
         res.router_deployment(spec, owner),
         res.router_service(spec, owner),
+        res.router_pdb(owner),
         *res.redis_objects(spec, owner),
     ]
     return objs

@@ -64,6 +64,7 @@ __all__ = [
     "router_args",
     "router_config",
     "router_deployment",
+    "router_pdb",
     "router_service",
 ]
 
@@ -365,6 +366,23 @@ def domains_pdb(owner: Owner, spec: PoolSpec) -> dict[str, Any]:
     }
 
 
+def router_pdb(owner: Owner) -> dict[str, Any]:
+    """A PodDisruptionBudget over the router replicas: a node drain evicts one at a time,
+    so with two or more replicas the pool always has a router (each evicted one answers
+    what it holds first, as on any deletion). One replica may be evicted too: a budget
+    that refused it would block the node's drain for good."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": owner.meta(f"{owner.name}-router", "router"),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": _router_selector(owner)}},
+    }
+
+
+def _router_selector(owner: Owner) -> dict[str, str]:
+    return {LABEL_POOL: owner.name, LABEL_COMPONENT: "router"}
+
+
 def router_config(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
     """What the router reads at start (``router.json``)."""
     redis: dict[str, Any] = {"mode": spec.redis.mode}
@@ -525,13 +543,29 @@ def router_deployment(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
         pod["nodeSelector"] = dict(r.node_selector)
     if r.tolerations:
         pod["tolerations"] = [dict(t) for t in r.tolerations]
+    # Replicas on different nodes where the scheduler can (a node lost takes one), never
+    # left unscheduled for it.
+    pod["topologySpreadConstraints"] = [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": _router_selector(owner)},
+        }
+    ]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": owner.meta(f"{owner.name}-router", "router"),
         "spec": {
             "replicas": r.replicas,
-            "selector": {"matchLabels": {LABEL_POOL: owner.name, LABEL_COMPONENT: "router"}},
+            # A rollout (a new router.json) starts each new replica before an old one
+            # stops: the pool never has fewer routers than it asked for.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+            },
+            "selector": {"matchLabels": _router_selector(owner)},
             "template": {
                 "metadata": {
                     "labels": labels,
@@ -550,7 +584,7 @@ def router_service(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
         "kind": "Service",
         "metadata": owner.meta(f"{owner.name}-router", "router"),
         "spec": {
-            "selector": {LABEL_POOL: owner.name, LABEL_COMPONENT: "router"},
+            "selector": _router_selector(owner),
             "ports": [
                 {"name": "grpc", "port": r.port, "targetPort": "grpc"},
                 # The operator dials each ready pod's Admin port through this Service's

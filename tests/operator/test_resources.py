@@ -246,6 +246,7 @@ def test_every_object_is_owned_and_labelled():
         "Deployment",
         "Deployment",
         "PodDisruptionBudget",
+        "PodDisruptionBudget",
         "Secret",
         "Service",
         "Service",
@@ -364,6 +365,22 @@ def test_evictions_take_at_most_max_unavailable_domain_pods():
     assert all(labels[k] == v for k, v in pdb["spec"]["selector"]["matchLabels"].items())
     # One domain, or as many allowed as there are: no eviction is refused forever.
     assert res.domains_pdb(OWNER, _spec(gpus=8))["spec"]["minAvailable"] == 0
+
+
+def test_router_replicas_are_evicted_one_at_a_time_spread_and_rolled_with_a_surge():
+    spec = _spec(router={"replicas": 3})
+    pdb = res.router_pdb(OWNER)
+    dep = res.router_deployment(spec, OWNER)
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    selector = pdb["spec"]["selector"]["matchLabels"]
+    assert pdb["spec"]["maxUnavailable"] == 1 and selector.items() <= labels.items()
+    assert selector == dep["spec"]["selector"]["matchLabels"]
+    # Only the router pods: not the engines', not Redis's.
+    assert selector[res.LABEL_COMPONENT] == "router"
+    (spread,) = dep["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    assert spread["labelSelector"]["matchLabels"] == selector
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
 
 
 def test_a_router_pod_being_deleted_answers_what_it_holds_before_it_is_killed():
