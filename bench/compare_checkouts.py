@@ -14,6 +14,12 @@ before, after, ...) so that load elsewhere on a shared machine falls on both:
 - **placement**: ``bench/placement_speed.py`` of each tree (64 workers, a
   1M-block trie; each tree's own version of the bench, which times the
   same ``decide`` path), decisions per second by the thread's CPU clock;
+- **router** (``--router``, instead of the two above): this checkout's
+  ``bench/router_overhead.py`` (instant workers, 64 closed-loop clients) run
+  on each tree's router, ``--router-seconds`` each (15), with ``--redis`` the
+  index and load board in a ``redis-server``; requests per second, the router
+  process's CPU µs per request, placement p50 / p99; each tree needs its
+  compiled protos (``cp -r src/vertumnus/_proto`` into a bare worktree);
 - **decision** (``--decision``, instead of the two above): one evaluation of the composition
   controller with the what-if check on 1,024 GPUs, this checkout's
   ``bench/decision_tick.py`` run on each tree's code, wall-clock ms (median
@@ -157,11 +163,22 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --decision: time the look after a change of arrivals",
     )
+    ap.add_argument(
+        "--router",
+        action="store_true",
+        help="compare the router's throughput and CPU per request instead",
+    )
+    ap.add_argument("--router-seconds", type=float, default=15.0)
+    ap.add_argument("--redis", action="store_true", help="with --router: the index in Redis")
     args = ap.parse_args(argv)
     if args.runs < 1 or args.decision_threads < 1 or args.before_threads < 1:
         ap.error("--runs, --decision-threads and --before-threads must be >= 1")
     if args.decision_change and not args.decision:
         ap.error("--decision-change needs --decision")
+    if args.redis and not args.router:
+        ap.error("--redis needs --router")
+    if args.router:
+        return compare_routers(args)
     if args.decision:
         return compare_decisions(args)
     if not MOONCAKE.exists():
@@ -248,6 +265,52 @@ def compare_decisions(args: argparse.Namespace) -> int:
         print(
             f"decision, {n}: {median['before'][n]:.1f} -> {median['after'][n]:.1f} ms wall "
             f"({report['ratios'][n]:.3f}x; after on {threads['after']} thread(s))"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def compare_routers(args: argparse.Namespace) -> int:
+    """The router figure alone: this checkout's ``router_overhead.py`` on each tree's
+    router, in alternation (the order flipped every round), medians and ratios."""
+    trees = {"before": args.before.resolve(), "after": args.after.resolve()}
+    found: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
+    bench = str(ROOT / "bench" / "router_overhead.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.runs):
+            order = list(trees.items()) if i % 2 == 0 else list(trees.items())[::-1]
+            for label, tree in order:
+                out = Path(tmp) / f"{label}-{i}.json"
+                extra = ["--redis"] if args.redis else []
+                cmd = [bench, "--seconds", str(args.router_seconds), *extra, "--json", str(out)]
+                subprocess.run(_python(tree, *cmd), cwd=tree, check=True, capture_output=True)
+                d = json.loads(out.read_text())
+                found[label].append(
+                    {
+                        "requests_per_s": d["throughput_rps"],
+                        "cpu_us_per_request": d["router_cpu_us_per_request"],
+                        "placement_p50_us": d["placement_us"]["p50"],
+                        "placement_p99_us": d["placement_us"]["p99"],
+                        "bare_proxy_requests_per_s": d["bare_proxy"]["throughput_rps"],
+                    }
+                )
+                print(f"run {i + 1}/{args.runs} {label}: {found[label][-1]}", flush=True)
+    names = list(found["after"][0])
+    median = {k: {n: statistics.median(r[n] for r in v) for n in names} for k, v in found.items()}
+    report = {
+        "date": time.strftime("%Y-%m-%d"),
+        "runs": args.runs,
+        "store": "redis" if args.redis else "memory",
+        "trees": {k: str(v) for k, v in trees.items()},
+        "median": median,
+        "ratios": {n: median["after"][n] / median["before"][n] for n in names},
+        "samples": found,
+    }
+    for n in names:
+        print(
+            f"router ({report['store']}), {n}: {median['before'][n]:,.0f} -> "
+            f"{median['after'][n]:,.0f} ({report['ratios'][n]:.2f}x)"
         )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
