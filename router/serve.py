@@ -1,8 +1,9 @@
 """Running a router process: the gRPC server, ``/metrics``, signals, a clean shutdown.
 
 ``serve`` is what ``vertumnus router`` and ``vertumnus up`` run. It binds the
-public port (and the Admin API's, when ``admin_listen`` gives it one) exclusively (gRPC's port reuse off: a second router on a port in
-use fails instead of sharing it), answers health NOT_SERVING until the router
+public port, and the Admin API's when ``admin_listen`` gives it one, exclusively
+(gRPC's port reuse off: a second router on a port in use fails instead of
+sharing it), answers health NOT_SERVING until the router
 has discovered its workers, and on SIGINT or SIGTERM shuts down gracefully
 (:meth:`RunningRouter.stop`): health turns NOT_SERVING, the server takes no new
 RPC and tells its clients so (HTTP/2 GOAWAY: they reconnect to another replica),
