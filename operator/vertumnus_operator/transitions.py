@@ -335,12 +335,18 @@ class TransitionRunner:
         """Drain the workers ``action`` removes at every router replica once more. A
         replica that restarted since their drain rebuilt its workers from the engines, so
         they serve there again, and it refuses the switch (FAILED_PRECONDITION) until they
-        are drained; at the others a drain of a drained worker answers at once."""
-        for worker in action.removed:
+        are drained; at the others a drain of a drained worker answers at once. The
+        workers (two for a merge) are drained together: each waits for its running
+        prefill."""
+        admin = self.admin_for()
+
+        async def drain(worker: int) -> None:
             try:
-                await self.admin_for().drain(worker, self.drain_timeout_s)
+                await admin.drain(worker, self.drain_timeout_s)
             except AdminError as e:
                 log.warning("drain of worker %d again: %s", worker, e)
+
+        await asyncio.gather(*(drain(w) for w in action.removed))
 
     async def _switch(self, action: tr.Switch) -> None:
         t = self.record.pool.transition(action.transition)

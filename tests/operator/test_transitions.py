@@ -445,3 +445,46 @@ def test_a_router_restarted_between_the_drain_and_the_switch_is_drained_again():
         assert str(store.last.pool.layout.composition) == "2xCP4+1xCP8"
         assert a.composition() == b.composition() == "2xCP4+1xCP8"
         assert events.reasons() == ["Draining", "Switching", "Committed"]
+
+
+def test_the_workers_a_merge_removes_are_drained_again_together():
+    # As above, for a merge: both leaving workers serve again at the restarted replica,
+    # and each drain waits for its running prefill, so they are sent together. Replica
+    # b holds its drains after the restart: both must arrive while held.
+    with FakeRouter() as a, FakeRouter() as b:
+        record, store = _fresh("2xCP4+1xCP8")
+        slots = [(s.worker, s.degree, s.domain, s.offset) for s in record.pool.layout.slots]
+        a.set_layout(slots)
+        b.set_layout(slots)
+        pair = tuple(s.worker for s in record.pool.layout.slots if s.degree == 4)
+        restarted: list[int] = []
+
+        def restart_once(request) -> None:  # type: ignore[no-untyped-def]
+            if not restarted:
+                restarted.append(len(b.drains))
+                b.hold_drains()
+                b.restart()
+
+        b.on_switch = restart_once
+        events, pods = MemoryEvents(), Pods()
+
+        async def go() -> list[int]:
+            admin = RouterAdmin([a.address, b.address])
+            runner = TransitionRunner(
+                record, store, lambda: admin, events, pods.annotate, retry_s=0.01
+            )
+            assert await runner.manual(planner.Merge(pair, "by hand"))  # type: ignore[arg-type]
+            for _ in range(500):
+                again = [w for w, _ in b.drains[restarted[0] :]] if restarted else []
+                if len(again) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            b.release_drains()
+            await asyncio.wait_for(runner.wait(), 10.0)
+            await admin.close()
+            return again
+
+        again = asyncio.run(go())
+        assert sorted(again) == sorted(pair)  # both sent before either was answered
+        assert str(store.last.pool.layout.composition) == "2xCP8"
+        assert a.composition() == b.composition() == "2xCP8"
