@@ -95,18 +95,23 @@ def test_helm_lint_and_template_are_clean(k8s, tmp_path):
         docs = [d for d in yaml.safe_load_all(out) if d]
         (dep,) = [d for d in docs if d["kind"] == "Deployment"]
         # The routers' Admin port (drain, switch) takes only the operator's pods; their
-        # grpc port takes every client.
-        (routers,) = [
+        # grpc port takes every client. In every namespace the operator watches.
+        routers = [
             d
             for d in docs
             if d["kind"] == "NetworkPolicy"
             and d["metadata"]["name"] == "t-vertumnus-operator-routers"
         ]
-        rules = {r["ports"][0]["port"]: r.get("from") for r in routers["spec"]["ingress"]}
-        assert set(rules) == {"grpc", "admin", "metrics"} and rules["grpc"] is None
-        ((peer,),) = [rules["admin"]]
-        selector = peer["podSelector"]["matchLabels"]
-        assert selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+        assert {d["metadata"]["namespace"] for d in routers} == (
+            {"a", "b", "x"} if extra else {"x"}
+        )
+        for policy in routers:
+            rules = {r["ports"][0]["port"]: r.get("from") for r in policy["spec"]["ingress"]}
+            assert set(rules) == {"grpc", "admin", "metrics"} and rules["grpc"] is None
+            ((peer,),) = [rules["admin"]]
+            assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "x"}
+            selector = peer["podSelector"]["matchLabels"]
+            assert selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
         if extra:
             # The operator's metrics: served, exposed by a Service, scraped, let through.
             (container,) = dep["spec"]["template"]["spec"]["containers"]
@@ -152,6 +157,19 @@ def test_helm_lint_and_template_are_clean(k8s, tmp_path):
         k8s, "template", "t", str(ops.CHART), "--set", "grafana.dashboards=false", home=tmp_path
     ).stdout
     assert "grafana_dashboard" not in off
+    # The pools' policies for a watched namespace other than the release's: the API server
+    # takes them (named ports, the operator's namespace and pod selector).
+    watched = ops.helm(
+        k8s, "template", "t", str(ops.CHART), "-n", "vertumnus-system",
+        "--set", "operator.watchNamespaces={default}",
+        "--show-only", "templates/networkpolicy.yaml", home=tmp_path,
+    ).stdout  # fmt: skip
+    policies = [
+        d for d in yaml.safe_load_all(watched) if d and d["metadata"]["namespace"] == "default"
+    ]
+    assert len(policies) == 3, policies
+    for policy in policies:
+        k8s.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(policy))
 
 
 @pytest.mark.parametrize("example", ["cppool.yaml", "cppool-sglang.yaml"])
