@@ -1099,28 +1099,17 @@ def test_evictions_take_one_domain_pod_at_a_time(k8s, operator, namespace, fake_
         )
         wait_for("Ready", 30, _ready(k8s, namespace, "evict"))
 
-        def budget():
-            out = k8s.kubectl("get", "pdb", "evict-domains", "-n", namespace, "-o", "json")
-            return json.loads(out.stdout)
-
-        pdb = wait_for(
-            "the budget counted",
-            30,
-            lambda: (b := budget())["status"].get("currentHealthy") == 2 and b,
-        )
+        pdb = _budget_counted(k8s, namespace, "evict-domains", 2)
         assert pdb["spec"]["minAvailable"] == 1 and pdb["status"]["disruptionsAllowed"] == 1
-
-        def evict(pod):
-            return _evict(k8s, namespace, pod)
 
         # The evicted pod stays Terminating, as while its kubelet stops it: with kwok it
         # would be gone, made again and Ready before the second eviction is sent, which
         # the budget would then allow.
         ops.hold_pod(k8s, namespace, "evict-d0")
         try:
-            status, reply = evict("evict-d0")
+            status, reply = _evict(k8s, namespace, "evict-d0")
             assert status == 201, reply
-            status, reply = evict("evict-d1")
+            status, reply = _evict(k8s, namespace, "evict-d1")
             assert status == 429, reply
             assert "disruption budget" in reply.get("message", ""), reply
         finally:
@@ -1128,6 +1117,18 @@ def test_evictions_take_one_domain_pod_at_a_time(k8s, operator, namespace, fake_
         # The evicted pod comes back (a lost domain), and the pool with it.
         wait_for("Ready again", 30, _ready(k8s, namespace, "evict"))
         k8s.kubectl("delete", "cppool", "evict", "-n", namespace, "--timeout=30s")
+
+
+def _budget_counted(k8s, namespace, name, healthy):  # type: ignore[no-untyped-def]
+    """The PodDisruptionBudget ``name`` once the disruption controller counts ``healthy``
+    pods under it."""
+
+    def counted():  # type: ignore[no-untyped-def]
+        out = k8s.kubectl("get", "pdb", name, "-n", namespace, "-o", "json")
+        pdb = json.loads(out.stdout)
+        return pdb["status"].get("currentHealthy") == healthy and pdb
+
+    return wait_for(f"budget {name} counting {healthy} healthy pods", 30, counted)
 
 
 def _evict(k8s, namespace, pod):  # type: ignore[no-untyped-def]
@@ -1148,15 +1149,7 @@ def test_a_node_drain_evicts_one_router_at_a_time(k8s, operator, namespace, fake
         )
         wait_for("Ready", 30, _ready(k8s, namespace, "rdrain"))
 
-        def budget():  # type: ignore[no-untyped-def]
-            out = k8s.kubectl("get", "pdb", "rdrain-router", "-n", namespace, "-o", "json")
-            return json.loads(out.stdout)
-
-        pdb = wait_for(
-            "the routers' budget counted",
-            30,
-            lambda: (b := budget())["status"].get("currentHealthy") == 2 and b,
-        )
+        pdb = _budget_counted(k8s, namespace, "rdrain-router", 2)
         assert pdb["spec"]["maxUnavailable"] == 1 and pdb["status"]["disruptionsAllowed"] == 1
         routers = k8s.kubectl(
             "get", "pods", "-n", namespace, "-o", "name",
@@ -1173,7 +1166,7 @@ def test_a_node_drain_evicts_one_router_at_a_time(k8s, operator, namespace, fake
             assert "disruption budget" in reply.get("message", ""), reply
         finally:
             k8s.kubectl("uncordon", "-l", f"{key}={value}")
-        wait_for("two routers again", 30, lambda: budget()["status"].get("currentHealthy") == 2)
+        _budget_counted(k8s, namespace, "rdrain-router", 2)  # two routers again
         k8s.kubectl("delete", "cppool", "rdrain", "-n", namespace, "--timeout=30s")
 
 
