@@ -336,14 +336,19 @@ def own_address() -> str:
         return str(s.getsockname()[0])
 
 
-def router_endpoints(k8s: Any, namespace: str, name: str) -> set[str]:
-    """The addresses of the endpoints of the pool's ``<name>-router`` Service."""
-    slices = json.loads(
+def router_slices(k8s: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The EndpointSlices of the pool's ``<name>-router`` Service."""
+    return json.loads(
         k8s.kubectl(
             "get", "endpointslices", "-n", namespace,
             "-l", f"kubernetes.io/service-name={name}-router", "-o", "json",
         ).stdout
     )["items"]  # fmt: skip
+
+
+def router_endpoints(k8s: Any, namespace: str, name: str) -> set[str]:
+    """The addresses of the endpoints of the pool's ``<name>-router`` Service."""
+    slices = router_slices(k8s, namespace, name)
     return {a for sl in slices for e in sl.get("endpoints") or [] for a in e["addresses"]}
 
 

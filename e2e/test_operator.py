@@ -29,6 +29,7 @@ from e2e_operator_support import (
 )
 
 from vertumnus.operator.handlers import WAKE
+from vertumnus.operator.pool import endpoint_addresses
 
 
 def _uids(k8s, ns, name):
@@ -599,6 +600,15 @@ def test_a_split_and_a_merge_asked_for_by_annotation(k8s, operator, namespace):
     with gpu_nodes(k8s, 1) as label, fake as fake_router:
         ops.apply(k8s, cppool("byhand", namespace, 8, label, controller={"windowSeconds": 3600}))
         wait_for("Ready", 30, _ready(k8s, namespace, "byhand", "1xCP8"))
+        # What the operator dials in a deployment: the router pod's Admin port, from the
+        # slices the EndpointSlice controller made of the rendered Service and pod.
+        dialled = wait_for(
+            "the router pod's endpoint",
+            30,
+            lambda: endpoint_addresses(ops.router_slices(k8s, namespace, "byhand")),
+        )
+        (pod_ip,) = ops.router_endpoints(k8s, namespace, "byhand")
+        assert dialled == [f"{pod_ip}:50060"]
         ops.stop_router_pods(k8s, namespace, "byhand")
         k8s.kubectl("annotate", "cppool", "byhand", "-n", namespace, "vertumnus.io/split=0")
 

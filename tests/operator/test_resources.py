@@ -367,6 +367,16 @@ def test_evictions_take_at_most_max_unavailable_domain_pods():
     assert res.domains_pdb(OWNER, _spec(gpus=8))["spec"]["minAvailable"] == 0
 
 
+def test_the_router_serves_admin_on_its_own_port_through_the_service():
+    spec = _spec(router={"port": 50100, "adminPort": 50111})
+    (container,) = res.router_deployment(spec, OWNER)["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["grpc"] == 50100 and ports["admin"] == 50111
+    service = {p["name"]: p for p in res.router_service(spec, OWNER)["spec"]["ports"]}
+    assert service["admin"] == {"name": "admin", "port": 50111, "targetPort": "admin"}
+    assert res.router_config(spec, OWNER)["adminPort"] == 50111
+
+
 def test_router_replicas_are_evicted_one_at_a_time_spread_and_rolled_with_a_surge():
     spec = _spec(router={"replicas": 3})
     pdb = res.router_pdb(OWNER)
