@@ -289,13 +289,13 @@ class MirroredStore:
         far, and the events queued during the write-back stay in the queue, to be sent
         after it on top of the snapshots, in order."""
         while True:
-            self._dirty.update(op[1] for op in _drain(queue, None, done=True) if op[0] != "wake")
+            self._mark_queued(queue)
             try:
                 await asyncio.to_thread(self.remote.cursor.__int__)
                 break
             except ConnectionError:
                 await asyncio.sleep(self.retry_s)
-        self._dirty.update(op[1] for op in _drain(queue, None, done=True) if op[0] != "wake")
+        self._mark_queued(queue)  # what came during the probe
         dirty, self._dirty = self._dirty, set()
         batches = [(w, self._snapshot(w)) for w in sorted(dirty)]
         try:
@@ -309,6 +309,10 @@ class MirroredStore:
         with contextlib.suppress(ConnectionError):
             self._incarnation = await asyncio.to_thread(lambda: self.remote.incarnation)
         _log.info("redis back: %d workers written back", len(batches))
+
+    def _mark_queued(self, queue: asyncio.Queue[tuple[Any, ...]]) -> None:
+        """Take in what is queued, marking its workers to be written back whole."""
+        self._dirty.update(op[1] for op in _drain(queue, None, done=True) if op[0] != "wake")
 
     async def _rewrite(self, worker: int, items: Sequence[tuple[int, int, int | None]]) -> None:
         """``worker``'s entries in Redis replaced by ``items``: a drop, then bounded

@@ -103,7 +103,7 @@ class RouterSettings:
     ``store`` (it follows the shared store's change stream: a second replica)."""
 
     def __post_init__(self) -> None:
-        for name in ("listen", "admin_listen")[: 2 if self.admin_listen else 1]:
+        for name in ["listen"] + (["admin_listen"] if self.admin_listen else []):
             host, sep, port = getattr(self, name).rpartition(":")
             if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
                 raise ValueError(

@@ -64,6 +64,7 @@ __all__ = [
     "router_args",
     "router_config",
     "router_deployment",
+    "router_labels",
     "router_pdb",
     "router_service",
 ]
@@ -331,6 +332,12 @@ def engine_labels(owner: Owner) -> dict[str, str]:
     return {LABEL_POOL: owner.name, LABEL_COMPONENT: "engine"}
 
 
+def router_labels(owner: Owner) -> dict[str, str]:
+    """The labels that select the pool's router pods (their Deployment, Service, spread
+    and disruption budget)."""
+    return {LABEL_POOL: owner.name, LABEL_COMPONENT: "router"}
+
+
 def engines_service(owner: Owner, spec: PoolSpec) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -375,12 +382,8 @@ def router_pdb(owner: Owner) -> dict[str, Any]:
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": owner.meta(f"{owner.name}-router", "router"),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": _router_selector(owner)}},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": router_labels(owner)}},
     }
-
-
-def _router_selector(owner: Owner) -> dict[str, str]:
-    return {LABEL_POOL: owner.name, LABEL_COMPONENT: "router"}
 
 
 def router_config(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
@@ -550,7 +553,7 @@ def router_deployment(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
             "maxSkew": 1,
             "topologyKey": "kubernetes.io/hostname",
             "whenUnsatisfiable": "ScheduleAnyway",
-            "labelSelector": {"matchLabels": _router_selector(owner)},
+            "labelSelector": {"matchLabels": router_labels(owner)},
         }
     ]
     return {
@@ -565,7 +568,7 @@ def router_deployment(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
             },
-            "selector": {"matchLabels": _router_selector(owner)},
+            "selector": {"matchLabels": router_labels(owner)},
             "template": {
                 "metadata": {
                     "labels": labels,
@@ -584,7 +587,7 @@ def router_service(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
         "kind": "Service",
         "metadata": owner.meta(f"{owner.name}-router", "router"),
         "spec": {
-            "selector": _router_selector(owner),
+            "selector": router_labels(owner),
             "ports": [
                 {"name": "grpc", "port": r.port, "targetPort": "grpc"},
                 # The operator dials each ready pod's Admin port through this Service's

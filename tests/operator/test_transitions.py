@@ -8,6 +8,7 @@ exactly once, with the worker ids and epoch allocated the first time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -410,16 +411,24 @@ def test_replacements_of_one_place_back_off_and_start_over():
     assert r.problems() == []
 
 
+@contextlib.contextmanager
+def _two_replicas(composition: str):  # type: ignore[no-untyped-def]
+    """Two stand-in router replicas serving a fresh pool of ``composition``: (a, b, its
+    record, its store)."""
+    with FakeRouter() as a, FakeRouter() as b:
+        record, store = _fresh(composition)
+        slots = [(s.worker, s.degree, s.domain, s.offset) for s in record.pool.layout.slots]
+        a.set_layout(slots)
+        b.set_layout(slots)
+        yield a, b, record, store
+
+
 def test_a_router_restarted_between_the_drain_and_the_switch_is_drained_again():
     # Two router replicas. Replica b restarts after the drain, before the switch reaches
     # it: it rebuilt its workers from the engines, so the leaving worker serves there again
     # and b refuses the switch (FAILED_PRECONDITION, as the router does). The runner drains
     # it again and the switch goes through; retrying the switch alone would never end.
-    with FakeRouter() as a, FakeRouter() as b:
-        record, store = _fresh("2xCP8")
-        slots = [(s.worker, s.degree, s.domain, s.offset) for s in record.pool.layout.slots]
-        a.set_layout(slots)
-        b.set_layout(slots)
+    with _two_replicas("2xCP8") as (a, b, record, store):
         restarted: list[int] = []
 
         def restart_once(request) -> None:  # type: ignore[no-untyped-def]
@@ -451,11 +460,7 @@ def test_the_workers_a_merge_removes_are_drained_again_together():
     # As above, for a merge: both leaving workers serve again at the restarted replica,
     # and each drain waits for its running prefill, so they are sent together. Replica
     # b holds its drains after the restart: both must arrive while held.
-    with FakeRouter() as a, FakeRouter() as b:
-        record, store = _fresh("2xCP4+1xCP8")
-        slots = [(s.worker, s.degree, s.domain, s.offset) for s in record.pool.layout.slots]
-        a.set_layout(slots)
-        b.set_layout(slots)
+    with _two_replicas("2xCP4+1xCP8") as (a, b, record, store):
         pair = tuple(s.worker for s in record.pool.layout.slots if s.degree == 4)
         restarted: list[int] = []
 
