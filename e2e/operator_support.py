@@ -7,6 +7,7 @@ Loaded by path (``e2e`` is not a package): ``e2e/conftest.py`` imports it as
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import importlib.util
 import json
@@ -107,7 +108,42 @@ def install_chart(k8s: Any, home: Path) -> Path:
         "crd/clusterkopfpeerings.kopf.dev",
         "--timeout=30s",
     )
-    return Path(k8s.kubeconfig_for_service_account(SYSTEM_NAMESPACE, SERVICE_ACCOUNT))
+    kubeconfig = Path(k8s.kubeconfig_for_service_account(SYSTEM_NAMESPACE, SERVICE_ACCOUNT))
+    # The chart's key, where the operator pod would mount it (the ServiceAccount may not
+    # read Secrets: the test's own identity reads it).
+    admin_key_file(kubeconfig).write_bytes(chart_admin_key(k8s))
+    return kubeconfig
+
+
+def chart_admin_key(k8s: Any) -> bytes:
+    """The operator's key in the chart's Secret."""
+    name = f"{SERVICE_ACCOUNT}-admin-key"
+    encoded = k8s.kubectl(
+        "get", "secret", name, "-n", SYSTEM_NAMESPACE, "-o", "jsonpath={.data.key}"
+    ).stdout
+    return base64.b64decode(encoded)
+
+
+def admin_key_file(kubeconfig: Path) -> Path:
+    """Where the operator processes under ``kubeconfig`` read the chart's key."""
+    return kubeconfig.with_name("admin.key")
+
+
+def pool_router_json(k8s: Any, ns: str, name: str, folder: Path) -> dict[str, Any]:
+    """The router.json the operator rendered for pool ``name``, as a router pod sees it:
+    written to ``folder/router.json`` with ``adminTokenFile`` pointing at
+    ``folder/admin-token``, the token of the pool's Secret (what the pod mounts)."""
+    config = json.loads(
+        k8s.kubectl("get", "configmap", f"{name}-router", "-n", ns, "-o", "json").stdout
+    )["data"]["router.json"]
+    doc = json.loads(config)
+    token = k8s.kubectl(
+        "get", "secret", f"{name}-router-admin", "-n", ns, "-o", "jsonpath={.data.token}"
+    ).stdout
+    (folder / "admin-token").write_bytes(base64.b64decode(token))
+    doc["adminTokenFile"] = str(folder / "admin-token")
+    (folder / "router.json").write_text(json.dumps(doc))
+    return doc
 
 
 # `python -m vertumnus.operator ARGS`, dying with the test process (PR_SET_PDEATHSIG = 1).
@@ -151,6 +187,7 @@ class OperatorProcess:
         }
         env.update(
             KUBECONFIG=str(self.kubeconfig),
+            VERTUMNUS_ADMIN_KEY_FILE=str(admin_key_file(self.kubeconfig)),
             POD_NAME=self.name,
             PYTHONUNBUFFERED="1",
             **self.extra_env,

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 
+from vertumnus import admintoken
 from vertumnus._proto import pool_pb2, pool_pb2_grpc, worker_pb2, worker_pb2_grpc
 from vertumnus.ports import free_port_base as free_base
 
@@ -221,7 +222,8 @@ class RouterProcess:
         return self
 
     def wait_ready(self, timeout_s: float = 60.0) -> RouterProcess:
-        """Block until the router answers GetPool (or fail naming its log)."""
+        """Block until the router answers GetPool, or refuses it for want of the Admin token
+        (it serves Admin then too), or fail naming its log."""
         assert self.proc is not None
         deadline = time.monotonic() + timeout_s
         while True:
@@ -230,7 +232,9 @@ class RouterProcess:
             try:
                 pool(self.admin_address, timeout=1.0)
                 return self
-            except grpc.RpcError:
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNAUTHENTICATED:  # type: ignore[attr-defined]
+                    return self
                 if time.monotonic() > deadline:
                     raise RuntimeError(
                         f"router did not answer in {timeout_s} s; see {self.log}"
@@ -252,9 +256,13 @@ class RouterProcess:
         return None if self.proc is None else self.proc.returncode
 
 
-def pool(target: str, timeout: float = 10.0) -> pool_pb2.PoolStatus:
+def pool(target: str, timeout: float = 10.0, token_file: Path | None = None) -> pool_pb2.PoolStatus:
+    """Admin.GetPool at ``target``, with the Admin token in ``token_file`` if given."""
+    md = admintoken.bearer(admintoken.read_token(str(token_file))) if token_file else ()
     with grpc.insecure_channel(target) as ch:
-        return pool_pb2_grpc.AdminStub(ch).GetPool(pool_pb2.GetPoolRequest(), timeout=timeout)
+        return pool_pb2_grpc.AdminStub(ch).GetPool(
+            pool_pb2.GetPoolRequest(), timeout=timeout, metadata=md
+        )
 
 
 def prompts(

@@ -8,6 +8,7 @@ kill or duplicate the operator start their own, with higher priorities.
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -75,6 +76,34 @@ def _annotate_router(k8s, ns, name, router):
 # ---- the chart ----------------------------------------------------------------------------
 
 
+def _mounts_admin_key(dep, secret):  # type: ignore[no-untyped-def]
+    """The operator's pod reads ``secret``'s key from the file $VERTUMNUS_ADMIN_KEY_FILE names."""
+    pod = dep["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (path,) = [e["value"] for e in container["env"] if e["name"] == "VERTUMNUS_ADMIN_KEY_FILE"]
+    (mount,) = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == secret
+    (item,) = volume["secret"]["items"]
+    assert item["key"] == "key" and f"{mount['mountPath']}/{item['path']}" == path
+    # Readable by the operator's user, through its group (non-root, fsGroup).
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
+    assert volume["secret"]["defaultMode"] & 0o040
+
+
+def test_an_upgrade_keeps_the_operator_key(k8s, chart, tmp_path):
+    """Every pool's Admin token is derived from the chart's key: an upgrade must keep it
+    (the chart reads it back from the cluster), or every router would refuse the operator
+    until the kubelet had updated each pool's token."""
+    before = ops.chart_admin_key(k8s)
+    ops.helm(
+        k8s, "upgrade", ops.RELEASE, str(ops.CHART), "-n", ops.SYSTEM_NAMESPACE,
+        "--reuse-values", home=tmp_path,
+    )  # fmt: skip
+    assert ops.chart_admin_key(k8s) == before
+    assert len(before) == 48
+
+
 def test_helm_lint_and_template_are_clean(k8s, tmp_path):
     lint = ops.helm(k8s, "lint", str(ops.CHART), "--strict", home=tmp_path)
     assert "0 chart(s) failed" in lint.stdout
@@ -131,6 +160,20 @@ def test_helm_lint_and_template_are_clean(k8s, tmp_path):
             (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
             rules = yaml.safe_load((ops.CHART / "alerts" / "vertumnus-rules.yaml").read_text())
             assert rule["spec"] == rules
+        # The operator's key: a Secret of the chart's, mounted where the operator reads it.
+        (key,) = [d for d in docs if d["kind"] == "Secret"]
+        assert key["metadata"]["name"] == "t-vertumnus-operator-admin-key"
+        assert len(base64.b64decode(key["data"]["key"])) == 48
+        _mounts_admin_key(dep, "t-vertumnus-operator-admin-key")
+    # A key of the user's own: the chart makes none and mounts that one.
+    own = ops.helm(
+        k8s, "template", "t", str(ops.CHART),
+        "--set", "operator.adminKey.existingSecret=mine", home=tmp_path,
+    ).stdout  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(own) if d]
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    _mounts_admin_key(dep, "mine")
     bad = ops.helm(
         k8s,
         "template",
@@ -228,7 +271,10 @@ def test_the_service_account_has_only_what_it_needs(k8s, chart):
         ("patch", "podgroups.scheduling.k8s.io", True),
         ("patch", "poddisruptionbudgets.policy", True),
         ("update", "poddisruptionbudgets.policy", False),
-        ("get", "secrets", False),  # it creates the Redis password, never reads one
+        # It creates the Redis password and applies each pool's Admin token (derived from
+        # its key), and never reads a Secret back.
+        ("patch", "secrets", True),
+        ("get", "secrets", False),
         ("list", "secrets", False),
         ("update", "pods", False),
         ("list", "nodes", False),

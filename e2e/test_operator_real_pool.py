@@ -5,7 +5,9 @@ is a fake pod on a kwok node, as there, but the pool behind it is real and runs 
 processes: a ``vertumnus serve`` engine of 4 CPU ranks (the domain's 4 "GPUs") and a
 ``vertumnus router`` started from the very ``router.json`` the operator rendered into the
 pool's ConfigMap (only the engine's address and the listen port are replaced: the pod
-DNS names do not resolve outside a cluster). The operator, a real process under the
+DNS names do not resolve outside a cluster; and the Admin token's file, written from the
+pool's Secret as the pod would mount it: the router refuses the operator's calls without
+that token). The operator, a real process under the
 chart's ServiceAccount, splits and merges the worker through the router's Admin API
 while clients send requests; every request must be answered exactly once, with the
 first token the engine gives at any degree, and the pod must stay the same. It finds
@@ -16,7 +18,6 @@ EndpointSlice the test makes); the rolling update's test points it there by anno
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 
@@ -79,7 +80,7 @@ class _Clients:
 def _one_domain_pool(k8s, ns, name, label, tmp_path):  # type: ignore[no-untyped-def]
     """A CPPool of one 4-"GPU" domain (the cpu-tiny profile covers degrees 1, 2, 4),
     moved only by hand, Ready as 1xCP4; its pod's UIDs and the router.json it
-    rendered, written to ``tmp_path``."""
+    rendered, written to ``tmp_path`` with the Admin token of the pool's Secret."""
     ops.apply(
         k8s,
         cppool(
@@ -98,10 +99,7 @@ def _one_domain_pool(k8s, ns, name, label, tmp_path):  # type: ignore[no-untyped
     except AssertionError:
         raise AssertionError(f"not Ready: {pool_status(k8s, ns, name)}") from None
     uids = [p["metadata"]["uid"] for p in engine_pods(k8s, ns, name)]
-    config = json.loads(
-        k8s.kubectl("get", "configmap", f"{name}-router", "-n", ns, "-o", "json").stdout
-    )["data"]["router.json"]
-    (tmp_path / "router.json").write_text(config)
+    ops.pool_router_json(k8s, ns, name, tmp_path)
     return uids
 
 
@@ -170,11 +168,16 @@ def test_a_split_and_a_merge_by_the_operator_move_real_requests_and_lose_none(
             degrees = {r.degree for r in clients.answers.values()}
             assert degrees == {2, 4}, degrees
             # The router and the engine are where the operator's status says.
-            seen = ps.pool(router.admin_address)
+            token = tmp_path / "admin-token"
+            seen = ps.pool(router.admin_address, token_file=token)
             # The operator reached Admin at its own port; the clients' port does not serve it.
             with pytest.raises(grpc.RpcError) as refused:
-                ps.pool(router.address)
+                ps.pool(router.address, token_file=token)
             assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            # And only with the pool's token, which the operator sent on every call.
+            with pytest.raises(grpc.RpcError) as refused:
+                ps.pool(router.admin_address)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
             assert seen.epoch == st["epoch"] == 3
             assert seen.composition == "1xCP4"
             assert [w.worker for w in seen.workers] == [w["id"] for w in st["workers"]]
@@ -226,7 +229,8 @@ def test_a_rolling_update_restarts_the_engine_and_loses_no_request(
             # The operator drains first and resumes only once the new pod is Ready, which
             # cannot be before the old one is gone: the worker must be draining now.
             assert (
-                ps.pool(router.admin_address).workers[0].state == pool_pb2.WorkerStatus.DRAINING
+                ps.pool(router.admin_address, token_file=tmp_path / "admin-token").workers[0].state
+                == pool_pb2.WorkerStatus.DRAINING
             ), "the pod went before its worker was drained"
             engine.stop()  # the kubelet stops the old pod's engine and starts the new one's
             engine.start()
@@ -234,7 +238,7 @@ def test_a_rolling_update_restarts_the_engine_and_loses_no_request(
 
             def serving():  # type: ignore[no-untyped-def]
                 st = pool_status(k8s, namespace, "roll")
-                w = ps.pool(router.admin_address).workers[0]
+                w = ps.pool(router.admin_address, token_file=tmp_path / "admin-token").workers[0]
                 return st.get("phase") == "Ready" and w.state == pool_pb2.WorkerStatus.SERVING
 
             wait_for("the worker serving again", 60, serving)

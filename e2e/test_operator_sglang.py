@@ -123,11 +123,8 @@ def test_a_failed_sglang_server_is_replaced_by_the_operator_in_the_same_pod(
         # The API server took the pod's gRPC probes of the adapter's pod health.
         assert engine["readinessProbe"]["grpc"]["service"] == "vertumnus.worker.v1.Pod"
         assert engine["startupProbe"]["grpc"]["port"] == 50051
-        config = json.loads(
-            k8s.kubectl("get", "configmap", f"{name}-router", "-n", namespace, "-o", "json").stdout
-        )["data"]["router.json"]
-        assert json.loads(config)["engine"]["kind"] == "sglang"
-        (tmp_path / "router.json").write_text(config)
+        config = ops.pool_router_json(k8s, namespace, name, tmp_path)
+        assert config["engine"]["kind"] == "sglang"
         model = tmp_path / "model"
         model.mkdir()
         (model / "config.json").write_text(json.dumps({"vocab_size": 256}))
@@ -177,7 +174,7 @@ def test_a_failed_sglang_server_is_replaced_by_the_operator_in_the_same_pod(
             said = [(e["reason"], e.get("message", "")) for e in events(k8s, namespace, name)]
             assert any(r == "WorkerFailed" and "exited with code 7" in m for r, m in said), said
             # The router and the adapter agree with the status; the new server serves.
-            seen = ps.pool(router.admin_address)
+            seen = ps.pool(router.admin_address, token_file=tmp_path / "admin-token")
             assert seen.epoch == 2 and [w.worker for w in seen.workers] == [ids[0], new]
             assert all(w.state == pool_pb2.WorkerStatus.SERVING for w in seen.workers)
             assert {r.worker for r in _prefill_all(router.address, 8)} == {ids[0], new}

@@ -498,7 +498,7 @@ def test_an_operator_run_pools_router_reports_capacity_sums_the_controller_learn
 
     async def scenario():  # type: ignore[no-untyped-def]
         running = await start_router(settings(long_threshold=threshold), [engine.address])
-        admin = RouterAdmin([running.address])
+        admin = RouterAdmin([running.address], "no-token-needed")
         try:
             async with grpc.aio.insecure_channel(running.address) as ch:
                 stub = pool_pb2_grpc.PrefillStub(ch)
@@ -571,7 +571,7 @@ def test_an_operator_drains_again_at_a_router_restarted_between_drain_and_switch
         pool, t, _ = tr.begin(tr.initial_pool(layout, seen.epoch), planner.Split(0, "by hand"))
 
         async def drain() -> bool:
-            admin = RouterAdmin([r.address])
+            admin = RouterAdmin([r.address], "no-token-needed")
             try:
                 return await admin.drain(0, 30.0)
             finally:
@@ -600,7 +600,7 @@ def test_an_operator_drains_again_at_a_router_restarted_between_drain_and_switch
         assert "not drained" in (refused.value.details() or "")
 
         async def resumed() -> Record:
-            admin = RouterAdmin([r.address])
+            admin = RouterAdmin([r.address], "no-token-needed")
             events = MemoryEvents()
 
             async def annotate(domain, grouping, epoch) -> None:  # type: ignore[no-untyped-def]

@@ -65,6 +65,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "adminPort on 0.0.0.0; empty: on --listen whatever the file says)",
     )
     p.add_argument(
+        "--admin-token-file",
+        default=None,
+        metavar="PATH",
+        help="refuse Admin calls without the token on this file's first line (metadata "
+        "'authorization: Bearer <token>'; read again when the file changes; default: the "
+        "file's adminTokenFile, else no token needed; empty: none whatever the file says)",
+    )
+    p.add_argument(
         "--metrics-listen",
         default=None,
         help="HOST:PORT of /metrics (default 127.0.0.1:9464; empty for none)",
@@ -146,6 +154,7 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
         for name, value in (
             ("listen", args.listen),
             ("admin_listen", args.admin_listen),
+            ("admin_token_file", args.admin_token_file),
             ("metrics_listen", args.metrics_listen),
             ("pool", args.pool),
             ("profile", args.profile),
@@ -196,6 +205,10 @@ def cmd_router(args: argparse.Namespace) -> int:
         return 2
     try:
         config = router_config_from_args(args)
+        if config.settings.admin_token_file:
+            from vertumnus.router.adminauth import read_token
+
+            read_token(config.settings.admin_token_file)  # a clear error now, not at start
         store = _store(config)
     except ValueError as e:
         print(f"vertumnus: error: {e}", file=sys.stderr)

@@ -20,6 +20,8 @@ What the router reads:
 - ``port``, ``adminPort``, ``metricsPort``: the public API (Prefill), the Admin API and
   ``/metrics`` listen on every interface at these ports (``0.0.0.0:PORT``: a Service
   reaches the pod from outside); without ``adminPort``, Admin is served on ``port``;
+- ``adminTokenFile``: the file holding the token every Admin call must carry (the pool's
+  Secret ``<pool>-router-admin``, mounted; :mod:`vertumnus.router.adminauth`);
 - ``admissionLimit``: requests accepted and not finished, at most;
 - ``model.profile``: the prefill-time profile placement predicts with;
 - ``placement.beta``, ``placement.betaBusy``, ``placement.lambda``: β, β_busy, λ
@@ -336,6 +338,7 @@ _TOP_LEVEL = (
     "namespace",
     "port",
     "adminPort",
+    "adminTokenFile",
     "metricsPort",
     "admissionLimit",
     "model",
@@ -377,6 +380,7 @@ def parse_router_config(raw: Any) -> RouterConfig:
         settings = RouterSettings(
             listen=listen,
             admin_listen=admin_listen,
+            admin_token_file=doc.string("adminTokenFile", defaults.admin_token_file),
             metrics_listen=metrics_listen,
             pool=doc.string("pool", defaults.pool),
             profile=profile,

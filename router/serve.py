@@ -27,6 +27,7 @@ import grpc
 from prometheus_client import start_http_server
 
 from vertumnus.core.store import TrieStore
+from vertumnus.router.adminauth import AdminAuth, TokenFile
 from vertumnus.router.router import Router
 from vertumnus.router.service import NOT_SERVING, SERVING, add_services
 from vertumnus.router.settings import RouterSettings
@@ -107,9 +108,16 @@ async def start_router(
     on_store: Callable[[Router], Awaitable[None]] | None = None,
 ) -> RunningRouter:
     """Bind the ports, discover the engines, start serving."""
+    # Read before anything starts: a router told to guard Admin never serves it unguarded.
+    guard = [AdminAuth(TokenFile(settings.admin_token_file))] if settings.admin_token_file else []
     router = Router(settings, engines, store=store, router_id=router_id)
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    admin = grpc.aio.server(options=[("grpc.so_reuseport", 0)]) if settings.admin_listen else None
+    options = [("grpc.so_reuseport", 0)]
+    # The guard sits on the server that has Admin; it lets every other service through.
+    if settings.admin_listen:
+        server = grpc.aio.server(options=options)
+        admin: grpc.aio.Server | None = grpc.aio.server(options=options, interceptors=guard)
+    else:
+        server, admin = grpc.aio.server(options=options, interceptors=guard), None
     health = add_services(server, router, admin)
     port = _bind(server, settings.listen)
     admin_port = _bind(admin, settings.admin_listen) if admin is not None else port

@@ -29,6 +29,11 @@ class RouterSettings:
     ``listen`` beside Prefill). Admin drains workers and regroups engines: a
     deployment gives it its own port, so that a NetworkPolicy lets every client reach
     Prefill and only the operator reach Admin (the operator's router pods do)."""
+    admin_token_file: str = ""
+    """A file whose first line is the token every Admin call must carry (metadata
+    ``authorization: Bearer <token>``; :mod:`vertumnus.router.adminauth`), read again
+    when it changes. Empty: Admin needs no token (a router on the loopback, or one
+    whose admin port only a NetworkPolicy guards)."""
     metrics_listen: str = "127.0.0.1:9464"
     """host:port of the Prometheus ``/metrics`` endpoint (empty: none)."""
     pool: str = "local"

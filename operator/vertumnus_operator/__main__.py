@@ -2,13 +2,16 @@
 
 ::
 
-    python -m vertumnus.operator run [--namespace NS ...] [--standalone] [--priority N]
-                                     [--peering NAME] [--liveness URL] [--metrics-listen HOST:PORT]
-                                     [--verbose]
+    python -m vertumnus.operator run --admin-key-file PATH [--namespace NS ...] [--standalone]
+                                     [--priority N] [--peering NAME] [--liveness URL]
+                                     [--metrics-listen HOST:PORT] [--verbose]
     python -m vertumnus.operator crds [--write]      # print the CRDs; --write refreshes crds/'s copies
-    python -m vertumnus.operator render -f cppool.yaml [--uid UID]   # the objects a CPPool becomes
+    python -m vertumnus.operator render -f cppool.yaml [--uid UID] [--admin-key-file PATH]
+                                      # the objects a CPPool becomes
 
-``run`` watches CPPools in every namespace (or only the ``--namespace`` ones) with kopf.
+``run`` needs the operator's key (``--admin-key-file``, default ``$VERTUMNUS_ADMIN_KEY_FILE``):
+each pool's Admin token is derived from it (:mod:`vertumnus.admintoken`). It watches
+CPPools in every namespace (or only the ``--namespace`` ones) with kopf.
 Peering (on unless ``--standalone``): replicas share the peering object ``--peering``
 (``ClusterKopfPeering``, or ``KopfPeering`` per namespace with ``--namespace``) and only
 the one with the highest priority acts. The priority defaults to a number derived from
@@ -53,8 +56,22 @@ def default_priority(identity: str | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     import kopf
 
-    from vertumnus.operator.handlers import configure, register
+    from vertumnus.admintoken import read_key
+    from vertumnus.operator.handlers import ADMIN_KEY_ENV, configure, register
 
+    if not args.admin_key_file:
+        print(
+            f"vertumnus operator: error: --admin-key-file (or ${ADMIN_KEY_ENV}) is required: the "
+            "file of the key each pool's Admin token is derived from (the chart mounts its "
+            "Secret <release>-vertumnus-operator-admin-key); make one with head -c 32 /dev/urandom | base64 > admin.key",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        admin_key = read_key(args.admin_key_file)
+    except ValueError as e:
+        print(f"vertumnus operator: error: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -70,7 +87,7 @@ def _run(args: argparse.Namespace) -> int:
         "off" if args.standalone else args.peering,
         priority,
     )
-    memo = kopf.Memo()
+    memo = kopf.Memo(admin_key=admin_key)
     if args.metrics_listen:
         memo["metrics"] = _serve_metrics(args.metrics_listen)
     from vertumnus.gcfreeze import freeze_startup
@@ -149,6 +166,7 @@ def _write_crds() -> int:
 def _render(args: argparse.Namespace) -> int:
     import yaml
 
+    from vertumnus.admintoken import pool_token, read_key
     from vertumnus.core import transition as tr
     from vertumnus.core.lattice import layout_for
     from vertumnus.operator import resources as res
@@ -156,6 +174,13 @@ def _render(args: argparse.Namespace) -> int:
     from vertumnus.operator.gang import backend_for
     from vertumnus.operator.reconcile import pool_objects
 
+    admin_key = None
+    if args.admin_key_file:
+        try:
+            admin_key = read_key(args.admin_key_file)
+        except ValueError as e:
+            print(f"vertumnus operator: error: {e}", file=sys.stderr)
+            return 2
     docs = [d for d in yaml.safe_load_all(Path(args.file).read_text()) if d]
     items = []
     for doc in docs:
@@ -176,6 +201,9 @@ def _render(args: argparse.Namespace) -> int:
         if group is not None:
             items.append(group)
         items += pool_objects(spec, owner, pool.layout, pool.epoch)
+        if admin_key is not None:
+            token = pool_token(admin_key, owner.namespace, owner.name, owner.uid)
+            items.append(res.admin_secret(owner, token))
         if spec.redis.mode == "managed":
             items.append(res.redis_secret(owner, "rendered-placeholder"))
         items += [
@@ -198,6 +226,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         default=[],
         help="watch only this namespace (repeatable; default: all)",
+    )
+    r.add_argument(
+        "--admin-key-file",
+        default=os.environ.get("VERTUMNUS_ADMIN_KEY_FILE", ""),
+        metavar="PATH",
+        help="the operator's key (at least 16 bytes): each pool's Admin token is derived from "
+        "it (default $VERTUMNUS_ADMIN_KEY_FILE; the chart mounts its Secret <release>-vertumnus-operator-admin-key)",
     )
     r.add_argument("--standalone", action="store_true", help="no peering (a single replica)")
     r.add_argument(
@@ -236,6 +271,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("-f", "--file", required=True)
     d.add_argument("--namespace", default=None)
     d.add_argument("--uid", default="00000000-0000-0000-0000-000000000000")
+    d.add_argument(
+        "--admin-key-file",
+        default="",
+        metavar="PATH",
+        help="also render the pool's Admin token Secret, derived from this key as the "
+        "operator would (without it the Secret is left out: the routers wait for it)",
+    )
     args = p.parse_args(argv)
     return {"run": _run, "crds": _crds, "render": _render}[args.command](args)
 

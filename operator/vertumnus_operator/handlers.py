@@ -15,6 +15,8 @@ registry on import, which is what ``kopf run`` reads.
 - The operator's metrics (:class:`~vertumnus.operator.metrics.OperatorMetrics`) come in
   the operator-level memo (``kopf.run(memo=kopf.Memo(metrics=...))``), which kopf copies
   into every object's memo; without one, no pool exports series.
+- The operator's key (``--admin-key-file``, ``$VERTUMNUS_ADMIN_KEY_FILE``): each pool's
+  Admin token is derived from it (:mod:`vertumnus.admintoken`).
 - ``@kopf.on.startup``: kopf's own bookkeeping goes to ``operator.vertumnus.io/*``
   annotations, its finalizer is ``vertumnus.io/finalizer``, and only its warnings become
   Events (the operator posts its own story, :mod:`vertumnus.operator.events`).
@@ -29,13 +31,34 @@ from typing import Any
 
 import kopf
 
+from vertumnus.admintoken import read_key
 from vertumnus.operator.crd import GROUP, PLURAL, VERSION
 from vertumnus.operator.kube import KubeClient, connection_info
 from vertumnus.operator.pool import PoolRuntime
 from vertumnus.operator.reconcile import Reconciler
 from vertumnus.operator.resources import Owner
 
-__all__ = ["FINALIZER", "configure", "register"]
+__all__ = ["ADMIN_KEY_ENV", "FINALIZER", "admin_key_from_env", "configure", "register"]
+
+ADMIN_KEY_ENV = "VERTUMNUS_ADMIN_KEY_FILE"
+"""The file holding the operator's key, from which each pool's Admin token is derived
+(:mod:`vertumnus.admintoken`); the chart mounts its Secret ``<release>-vertumnus-operator-admin-key`` there."""
+
+
+def admin_key_from_env() -> bytes:
+    """The operator's key, read from the file ``$VERTUMNUS_ADMIN_KEY_FILE`` names.
+
+    Raises ValueError saying what is missing: the operator does not run pools whose Admin
+    API anyone could call."""
+    path = os.environ.get(ADMIN_KEY_ENV, "")
+    if not path:
+        raise ValueError(
+            f"no admin key: set --admin-key-file or ${ADMIN_KEY_ENV} to a file of at least "
+            "16 random bytes (the chart mounts its Secret <release>-vertumnus-operator-admin-key), e.g. "
+            "head -c 32 /dev/urandom | base64 > admin.key"
+        )
+    return read_key(path)
+
 
 FINALIZER = "vertumnus.io/finalizer"
 ANNOTATION_PREFIX = "operator.vertumnus.io"
@@ -88,6 +111,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         lifetime = os.environ.get("VERTUMNUS_PEERING_LIFETIME")
         configure(settings, int(lifetime) if lifetime else None)
+        if memo.get("admin_key") is None:  # kopf run -m ...kopf_entry: from the environment
+            memo["admin_key"] = admin_key_from_env()
         memo["kube"] = KubeClient(connection_info())
         if memo.get("metrics") is not None:  # OperatorMetrics, from kopf.run(memo=...)
             memo["metrics"].api_requests = memo["kube"].requests
@@ -137,6 +162,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
             wake=_wake_event(memo),
             seen=lambda: memo.get("seen_version"),
             metrics=None if metrics is None else metrics.pool(namespace or "default", name),
+            admin_key=memo["admin_key"],
         )
         await runtime.run(stopped)
 

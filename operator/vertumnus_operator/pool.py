@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
+from vertumnus.admintoken import pool_token
 from vertumnus.core import planner
 from vertumnus.core import transition as tr
 from vertumnus.core.control import Controller
@@ -172,6 +173,8 @@ class PoolRuntime:
         wake: asyncio.Event | None = None,
         seen: Any = None,
         metrics: PoolMetrics | None = None,
+        *,
+        admin_key: bytes,
     ) -> None:
         self.kube = kube
         self.metrics = metrics
@@ -180,7 +183,10 @@ class PoolRuntime:
         self.namespace = namespace
         self.owner = res.Owner(name, namespace, uid)
         self.path = object_path(f"{GROUP}/{VERSION}", PLURAL, namespace, name)
-        self.reconciler = Reconciler(kube, self.owner)
+        self.admin_token = pool_token(admin_key, namespace, name, uid)
+        """What this pool's routers require of an Admin call: written into its Secret,
+        sent on every call; derived, so that a restarted operator needs no Secret back."""
+        self.reconciler = Reconciler(kube, self.owner, self.admin_token)
         self.events = KubeEvents(kube, name, namespace, uid)
         self.clock = clock
         self.wake = wake or asyncio.Event()
@@ -717,7 +723,7 @@ class PoolRuntime:
             await self.admin.close()
             self.admin = None
         if addresses:
-            self.admin = RouterAdmin(addresses)
+            self.admin = RouterAdmin(addresses, self.admin_token)
         return self.admin
 
     async def _control(self, obj: Mapping[str, Any], spec: PoolSpec, effective: PoolSpec) -> None:
@@ -768,7 +774,7 @@ class PoolRuntime:
         try:
             window = await admin.take_window(runner.record.hop + 1)
         except AdminError as e:
-            self._router_down(str(e))
+            self._router_down(str(e), refused=e.code == "UNAUTHENTICATED")
             return
         self.router_problem = None
         await runner.decide(window)
@@ -967,10 +973,14 @@ class PoolRuntime:
             unaddressed=True,
         )
 
-    def _router_down(self, why: str, unaddressed: bool = False) -> None:
+    def _router_down(self, why: str, unaddressed: bool = False, refused: bool = False) -> None:
+        """``refused``: a router answered, and refused the pool's Admin token: its token file
+        is not (yet) what this operator derives (a new key, or a Secret the kubelet has not
+        updated yet, which takes about a minute)."""
         self.router_unaddressed = unaddressed
+        what = "refuse the operator's Admin token" if refused else "cannot be reached"
         self.router_problem = Problem(
             "Degraded",
             "RouterUnavailable",
-            f"the routers cannot be reached (no window read, no transition): {why}",
+            f"the routers {what} (no window read, no transition): {why}",
         )

@@ -41,8 +41,8 @@ log = logging.getLogger(__name__)
 def pool_objects(
     spec: PoolSpec, owner: res.Owner, layout: Layout, epoch: int
 ) -> list[dict[str, Any]]:
-    """Every object of the pool except its pods, the gang object and the Redis Secret
-    (its PodDisruptionBudgets, of the domain pods and of the routers, included)."""
+    """Every object of the pool except its pods, the gang object and its Secrets (its
+    PodDisruptionBudgets, of the domain pods and of the routers, included)."""
     objs = [
         res.engines_service(owner, spec),
         res.domains_pdb(owner, spec),
@@ -71,9 +71,12 @@ def path_of(obj: Mapping[str, Any]) -> str:
 
 
 class Reconciler:
-    def __init__(self, kube: KubeClient, owner: res.Owner) -> None:
+    def __init__(self, kube: KubeClient, owner: res.Owner, admin_token: str = "") -> None:
         self.kube = kube
         self.owner = owner
+        self.admin_token = admin_token
+        """The pool's Admin token, written into its Secret by :meth:`apply` (only
+        :meth:`delete_all` goes without one)."""
         self._applied: dict[str, str] = {}
         """path -> hash of what was last applied there (skip unchanged applies)."""
         self._secret_done = False
@@ -120,7 +123,13 @@ class Reconciler:
         """Apply the pool's objects and create missing domain pods; the problems found."""
         problems: list[Problem] = []
         owner = self.owner
-        await asyncio.gather(*(self._apply(o) for o in pool_objects(spec, owner, layout, epoch)))
+        if not self.admin_token:
+            raise ValueError("a pool's objects need its Admin token")
+        objs = [
+            res.admin_secret(owner, self.admin_token),
+            *pool_objects(spec, owner, layout, epoch),
+        ]
+        await asyncio.gather(*(self._apply(o) for o in objs))
         if spec.redis.mode == "managed" and not self._secret_done:
             try:
                 secret = res.redis_secret(owner, secrets.token_urlsafe(24))
@@ -339,8 +348,9 @@ class Reconciler:
                 refs = item["metadata"].get("ownerReferences") or []
                 if any(r.get("uid") == self.owner.uid for r in refs):
                     paths.append(object_path(api, plural, ns, item["metadata"]["name"]))
-        # The one Secret it makes has a fixed name (it may not list or read secrets).
+        # The Secrets it makes have fixed names (it may not list or read secrets).
         paths.append(object_path("v1", "secrets", ns, f"{name}-redis"))
+        paths.append(object_path("v1", "secrets", ns, res.admin_secret_name(self.owner)))
         gang = backend_for(spec_backend)
         if gang.api_version is not None and gang.plural is not None:
             paths.append(object_path(gang.api_version, gang.plural, ns, name))

@@ -20,12 +20,16 @@ owned by the CPPool, so deleting it lets the garbage collector remove them all):
 - ``P-router``: the router's ConfigMap (``router.json``: model, profile, placement β /
   β_busy / λ, cache manager, Redis, engines; ``layout.json``: the grouping in force),
   Deployment and Service;
+- ``P-router-admin``: the Secret holding the pool's Admin token, which the router pods
+  mount and require of every Admin call (derived from the operator's key:
+  :func:`vertumnus.admintoken.pool_token`);
 - with ``redis.mode: managed``: ``P-redis`` Secret (a generated password, created once,
   never rewritten), Deployment and Service.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import shlex
@@ -51,6 +55,8 @@ __all__ = [
     "LABEL_DOMAIN",
     "LABEL_POOL",
     "Owner",
+    "admin_secret",
+    "admin_secret_name",
     "configmap",
     "domain_pod",
     "domains_pdb",
@@ -93,6 +99,9 @@ PODINFO = "/etc/vertumnus/pod"
 ROUTER_CONFIG = "/etc/vertumnus/router"
 ROUTER_CONFIG_FILE = f"{ROUTER_CONFIG}/router.json"
 """Where the router pod reads :func:`router_config` (``vertumnus router --config``)."""
+ROUTER_ADMIN = "/etc/vertumnus/admin"
+ROUTER_ADMIN_TOKEN = f"{ROUTER_ADMIN}/token"
+"""Where the router pod mounts its pool's Admin token (the Secret ``P-router-admin``)."""
 ROUTER_PRESTOP_S = 5
 """Seconds a router pod being deleted keeps serving before its SIGTERM (endpoints
 propagate meanwhile)."""
@@ -400,6 +409,7 @@ def router_config(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
         "namespace": owner.namespace,
         "port": spec.router.port,
         "adminPort": spec.router.admin_port,
+        "adminTokenFile": ROUTER_ADMIN_TOKEN,
         "metricsPort": spec.router.metrics_port,
         "admissionLimit": spec.router.admission_limit,
         "model": {"name": spec.model.name, "path": spec.model.path, "profile": spec.model.profile},
@@ -534,10 +544,24 @@ def router_deployment(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
                 "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_PRESTOP_S}}},
                 # router.json: the pool's settings, which the router reads at start
                 # (--config); layout.json: the grouping in force.
-                "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG, "readOnly": True}],
+                # admin: the token every Admin call must carry, read again when the
+                # kubelet updates the Secret.
+                "volumeMounts": [
+                    {"name": "config", "mountPath": ROUTER_CONFIG, "readOnly": True},
+                    {"name": "admin", "mountPath": ROUTER_ADMIN, "readOnly": True},
+                ],
             }
         ],
-        "volumes": [{"name": "config", "configMap": {"name": f"{owner.name}-router"}}],
+        "volumes": [
+            {"name": "config", "configMap": {"name": f"{owner.name}-router"}},
+            {
+                "name": "admin",
+                "secret": {
+                    "secretName": admin_secret_name(owner),
+                    "items": [{"key": "token", "path": "token"}],
+                },
+            },
+        ],
         "terminationGracePeriodSeconds": (
             ROUTER_PRESTOP_S + spec.controller.drain_timeout_seconds + 10
         ),
@@ -658,6 +682,23 @@ def redis_objects(spec: PoolSpec, owner: Owner) -> list[dict[str, Any]]:
             },
         },
     ]
+
+
+def admin_secret_name(owner: Owner) -> str:
+    return f"{owner.name}-router-admin"
+
+
+def admin_secret(owner: Owner, token: str) -> dict[str, Any]:
+    """The pool's Admin token (:mod:`vertumnus.admintoken`), which its router pods mount.
+    Applied like the pool's other objects: a Secret edited by hand is set back at the next
+    full re-apply (within a minute), so that the routers hold what the operator sends."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": owner.meta(admin_secret_name(owner), "router"),
+        "type": "Opaque",
+        "data": {"token": base64.b64encode(token.encode()).decode()},
+    }
 
 
 def redis_secret(owner: Owner, password: str) -> dict[str, Any]:

@@ -32,6 +32,7 @@ import grpc
 from grpc import aio
 
 from vertumnus._proto import pool_pb2, pool_pb2_grpc
+from vertumnus.admintoken import bearer
 from vertumnus.core import kappa
 from vertumnus.core import transition as tr
 
@@ -76,11 +77,13 @@ class Window:
 class RouterAdmin:
     """Admin clients for a set of router replicas (``host:port``), channels kept open."""
 
-    def __init__(self, addresses: Sequence[str], timeout_s: float = 10.0) -> None:
+    def __init__(self, addresses: Sequence[str], token: str, timeout_s: float = 10.0) -> None:
         if not addresses:
             raise ValueError("no router address")
         self.addresses = tuple(addresses)
         self.timeout_s = timeout_s
+        self._metadata = bearer(token)
+        """The pool's Admin token, on every call (:mod:`vertumnus.admintoken`)."""
         self._channels = {a: aio.insecure_channel(a) for a in self.addresses}
         self._stubs = {a: pool_pb2_grpc.AdminStub(c) for a, c in self._channels.items()}
         self._taken: tuple[int, float, float] | None = None
@@ -92,7 +95,7 @@ class RouterAdmin:
     async def _call(self, address: str, method: str, request: object, timeout: float) -> object:
         stub = self._stubs[address]
         try:
-            return await getattr(stub, method)(request, timeout=timeout)
+            return await getattr(stub, method)(request, timeout=timeout, metadata=self._metadata)
         except aio.AioRpcError as e:
             code = e.code()
             name = code.name if isinstance(code, grpc.StatusCode) else str(code)

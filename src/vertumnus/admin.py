@@ -7,7 +7,10 @@
     vertumnus admin merge  --target HOST:PORT A B        two buddy workers -> one
     vertumnus admin scan   --target HOST:PORT            one cache-manager scan now
 
-``--json`` prints the answer as JSON instead of a table. Errors from the
+``--token-file PATH`` (default: ``$VERTUMNUS_ADMIN_TOKEN_FILE``) sends the token a
+router started with ``--admin-token-file`` asks for; in Kubernetes it is the pool's
+Secret ``<pool>-router-admin`` (key ``token``). ``--json`` prints the answer as JSON
+instead of a table. Errors from the
 router (an unknown worker, a split the pool refuses) are printed as one line
 with the gRPC status, exit code 2; an unreachable router exits 1.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -27,6 +31,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     def verb(name: str, text: str) -> argparse.ArgumentParser:
         v = verbs.add_parser(name, help=text, description=text)
         v.add_argument("--target", required=True, metavar="HOST:PORT", help="the router's address")
+        v.add_argument(
+            "--token-file",
+            default=os.environ.get("VERTUMNUS_ADMIN_TOKEN_FILE", ""),
+            metavar="PATH",
+            help="send the admin token on this file's first line (default "
+            "$VERTUMNUS_ADMIN_TOKEN_FILE; in Kubernetes the Secret <pool>-router-admin)",
+        )
         v.add_argument("--json", action="store_true", help="print the answer as JSON")
         v.add_argument(
             "--timeout", type=float, default=60.0, help="seconds to wait (default %(default)s)"
@@ -51,27 +62,29 @@ def _call(args: argparse.Namespace) -> Any:
     import grpc
 
     from vertumnus._proto import pool_pb2, pool_pb2_grpc
+    from vertumnus.admintoken import bearer, read_token
 
+    md = bearer(read_token(args.token_file)) if args.token_file else ()
     with grpc.insecure_channel(args.target) as channel:
         stub = pool_pb2_grpc.AdminStub(channel)
-        t = args.timeout
+        kw = {"timeout": args.timeout, "metadata": md}
         cmd = args.admin_cmd
         if cmd == "pool":
-            return stub.GetPool(pool_pb2.GetPoolRequest(), timeout=t)
+            return stub.GetPool(pool_pb2.GetPoolRequest(), **kw)
         if cmd in ("drain", "resume"):
             return stub.Drain(
-                pool_pb2.DrainRequest(worker=args.worker, resume=cmd == "resume"), timeout=t
+                pool_pb2.DrainRequest(worker=args.worker, resume=cmd == "resume"), **kw
             )
         if cmd == "split":
             return stub.Reconfigure(
-                pool_pb2.ReconfigureRequest(split=args.worker, reason="vertumnus admin"), timeout=t
+                pool_pb2.ReconfigureRequest(split=args.worker, reason="vertumnus admin"), **kw
             )
         if cmd == "merge":
             pair = pool_pb2.MergePair(a=args.a, b=args.b)
             return stub.Reconfigure(
-                pool_pb2.ReconfigureRequest(merge=pair, reason="vertumnus admin"), timeout=t
+                pool_pb2.ReconfigureRequest(merge=pair, reason="vertumnus admin"), **kw
             )
-        return stub.Scan(pool_pb2.ScanRequest(), timeout=t)
+        return stub.Scan(pool_pb2.ScanRequest(), **kw)
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
@@ -80,6 +93,9 @@ def cmd_admin(args: argparse.Namespace) -> int:
 
     try:
         reply = _call(args)
+    except ValueError as e:  # the token file
+        print(f"vertumnus: error: {e}", file=sys.stderr)
+        return 2
     except grpc.RpcError as e:
         code = e.code()  # type: ignore[attr-defined]
         print(f"vertumnus: error: {code.name}: {e.details()}", file=sys.stderr)  # type: ignore[attr-defined]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import subprocess
@@ -9,7 +10,9 @@ import sys
 from pathlib import Path
 
 import kopf
+import pytest
 
+from vertumnus.admintoken import pool_token
 from vertumnus.operator import handlers
 from vertumnus.operator.__main__ import default_priority, main
 
@@ -76,6 +79,23 @@ def test_render_prints_the_objects_of_the_example(capsys):
     kinds = [o["kind"] for o in items]
     assert kinds.count("Pod") == 2 and kinds[0] == "PodGroup"
     assert all(o["metadata"]["namespace"] == "x" for o in items)
+    # No key, no token: never a placeholder a router would take.
+    assert not [o for o in items if o["metadata"]["name"].endswith("-router-admin")]
+
+
+def test_render_with_the_key_includes_the_token_the_operator_would_apply(tmp_path, capsys):
+    key = tmp_path / "admin.key"
+    key.write_text("k" * 32)
+    uid = "11111111-2222-3333-4444-555555555555"
+    args = ["render", "-f", str(EXAMPLE), "--namespace", "x", "--uid", uid]
+    assert main([*args, "--admin-key-file", str(key)]) == 0
+    items = json.loads(capsys.readouterr().out)["items"]
+    (secret,) = [o for o in items if o["metadata"]["name"].endswith("-router-admin")]
+    name = secret["metadata"]["name"].removesuffix("-router-admin")
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert token == pool_token(b"k" * 32, "x", name, uid)
+    assert main([*args, "--admin-key-file", str(tmp_path / "none")]) == 2
+    assert "admin key file" in capsys.readouterr().err
 
 
 def test_render_names_the_bad_field(tmp_path, capsys):
@@ -102,7 +122,7 @@ def test_python_dash_m_runs():
     assert "--standalone" in helped and "--priority" in helped
 
 
-def test_run_freezes_the_startup_heap_before_kopf_runs(monkeypatch):
+def test_run_freezes_the_startup_heap_before_kopf_runs(monkeypatch, tmp_path):
     """The operator's process freezes what it imported (vertumnus.gcfreeze) once it is
     set up, before kopf runs its loop: a full collection would otherwise walk it in
     some decision tick."""
@@ -113,6 +133,33 @@ def test_run_freezes_the_startup_heap_before_kopf_runs(monkeypatch):
     calls: list[str] = []
     # Stand-ins: freezing here would freeze the test runner's own objects.
     monkeypatch.setattr(vertumnus.gcfreeze, "freeze_startup", lambda: calls.append("freeze"))
-    monkeypatch.setattr(kopf, "run", lambda **_: calls.append("kopf.run"))
-    assert main(["run", "--standalone"]) == 0
+    memos = []
+
+    def run(memo, **_):  # type: ignore[no-untyped-def]
+        calls.append("kopf.run")
+        memos.append(memo)
+
+    monkeypatch.setattr(kopf, "run", run)
+    key = tmp_path / "admin.key"
+    key.write_text("k" * 32 + "\n")
+    assert main(["run", "--standalone", "--admin-key-file", str(key)]) == 0
     assert calls == ["freeze", "kopf.run"]
+    assert memos[0]["admin_key"] == b"k" * 32  # what every pool's token is derived from
+
+
+def test_run_refuses_to_start_without_a_usable_admin_key(monkeypatch, tmp_path, capsys):
+    """No pool runs with an Admin API anyone could call: no key, or a short one, and the
+    operator says what to do instead of starting."""
+    import kopf
+
+    monkeypatch.setattr(kopf, "run", lambda **_: pytest.fail("kopf must not start"))
+    monkeypatch.delenv("VERTUMNUS_ADMIN_KEY_FILE", raising=False)
+    assert main(["run", "--standalone"]) == 2
+    assert "--admin-key-file" in capsys.readouterr().err
+    short = tmp_path / "short"
+    short.write_text("abc")
+    assert main(["run", "--standalone", "--admin-key-file", str(short)]) == 2
+    assert f"admin key file {short}: 3 bytes" in capsys.readouterr().err
+    monkeypatch.setenv("VERTUMNUS_ADMIN_KEY_FILE", str(tmp_path / "missing"))
+    assert main(["run", "--standalone"]) == 2
+    assert "missing" in capsys.readouterr().err

@@ -17,7 +17,7 @@ LOST = Problem("Degraded", "DomainLost", "1 of 2 domain pods are not ready (a no
 
 
 def _runtime() -> tuple[PoolRuntime, MemoryEvents]:
-    runtime = PoolRuntime(None, "p", "ns", "uid")  # type: ignore[arg-type]  # no API calls here
+    runtime = PoolRuntime(None, "p", "ns", "uid", admin_key=b"k" * 32)  # type: ignore[arg-type]  # no API calls here
     events = runtime.events = MemoryEvents()  # type: ignore[assignment]
     return runtime, events
 

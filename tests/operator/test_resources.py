@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -209,9 +210,18 @@ def test_the_router_gets_its_settings_and_the_layout():
         "--shutdown-grace",
         "60",
     ]
-    (mount,) = c["volumeMounts"]
-    assert mount["mountPath"] + "/router.json" == c["args"][3]
-    assert dep["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"] == "pool-router"
+    config, admin = c["volumeMounts"]
+    assert config["mountPath"] + "/router.json" == c["args"][3]
+    volumes = dep["spec"]["template"]["spec"]["volumes"]
+    assert volumes[0]["configMap"]["name"] == "pool-router"
+    # The Admin token: the pool's Secret, mounted where router.json says it is.
+    assert admin["name"] == volumes[1]["name"] and admin["readOnly"]
+    assert volumes[1]["secret"]["secretName"] == res.admin_secret_name(OWNER) == "pool-router-admin"
+    (item,) = volumes[1]["secret"]["items"]
+    token_file = json.loads(cm["data"]["router.json"])["adminTokenFile"]
+    assert f"{admin['mountPath']}/{item['path']}" == token_file
+    secret = res.admin_secret(OWNER, "tok")
+    assert base64.b64decode(secret["data"][item["key"]]) == b"tok"
     assert res.redis_objects(spec, OWNER) == []
 
 
@@ -240,13 +250,17 @@ def test_a_router_json_change_rolls_the_router_and_an_epoch_switch_does_not():
 def test_every_object_is_owned_and_labelled():
     spec = _spec(redis={"mode": "managed"})
     layout = layout_for(Composition.parse("2xCP8"), 8)
-    objs = pool_objects(spec, OWNER, layout, 1) + [res.redis_secret(OWNER, "p")]
+    objs = pool_objects(spec, OWNER, layout, 1) + [
+        res.redis_secret(OWNER, "p"),
+        res.admin_secret(OWNER, "tok"),
+    ]
     assert sorted(o["kind"] for o in objs) == [
         "ConfigMap",
         "Deployment",
         "Deployment",
         "PodDisruptionBudget",
         "PodDisruptionBudget",
+        "Secret",
         "Secret",
         "Service",
         "Service",

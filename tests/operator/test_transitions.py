@@ -47,7 +47,7 @@ class Pods:
 
 
 def _runner(record, store, router, events, pods, controller=None, metrics=None):
-    admin = RouterAdmin([router.address])
+    admin = RouterAdmin([router.address], "tok")
     return TransitionRunner(
         record,
         store,
@@ -290,7 +290,7 @@ def test_a_restarted_operators_controller_takes_its_memory_from_the_record():
         goal=None,
     )
     record = Record(tr.initial_pool(layout), planner.initial_state(layout), memory, hop=90)
-    runtime = PoolRuntime(None, "p", "ns", "uid")
+    runtime = PoolRuntime(None, "p", "ns", "uid", admin_key=b"k" * 32)
     restored = runtime._controller(record, spec, CAPACITY)
     assert restored is not None and restored.memory() == memory
     assert restored.state == record.controller
@@ -308,7 +308,7 @@ def test_a_window_is_summed_over_replicas():
         b.set_demand(2.0, 5, 1, 1.0)
 
         async def go() -> Window:
-            admin = RouterAdmin([a.address, b.address])
+            admin = RouterAdmin([a.address, b.address], "tok")
             w = await admin.take_window(7)
             again = await admin.take_window(7)
             await admin.close()
@@ -440,7 +440,7 @@ def test_a_router_restarted_between_the_drain_and_the_switch_is_drained_again():
         events, pods = MemoryEvents(), Pods()
 
         async def go() -> None:
-            admin = RouterAdmin([a.address, b.address])
+            admin = RouterAdmin([a.address, b.address], "tok")
             runner = TransitionRunner(
                 record, store, lambda: admin, events, pods.annotate, retry_s=0.01
             )
@@ -474,7 +474,7 @@ def test_the_workers_a_merge_removes_are_drained_again_together():
         events, pods = MemoryEvents(), Pods()
 
         async def go() -> list[int]:
-            admin = RouterAdmin([a.address, b.address])
+            admin = RouterAdmin([a.address, b.address], "tok")
             runner = TransitionRunner(
                 record, store, lambda: admin, events, pods.annotate, retry_s=0.01
             )

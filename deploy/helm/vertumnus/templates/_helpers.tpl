@@ -23,3 +23,7 @@ app.kubernetes.io/name: vertumnus
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
+
+{{- define "vertumnus.adminKeySecret" -}}
+{{- default (printf "%s-admin-key" (include "vertumnus.fullname" .)) .Values.operator.adminKey.existingSecret -}}
+{{- end -}}
