@@ -193,3 +193,20 @@ def test_a_short_or_missing_operator_key_is_refused(tmp_path) -> None:  # type: 
     good = tmp_path / "key"
     good.write_text("x" * 40 + "\n")
     assert admintoken.read_key(str(good)) == b"x" * 40
+
+
+def test_the_flag_overrides_the_files_token_and_empty_means_none(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from vertumnus.router.cli import router_config_from_args
+
+    config = tmp_path / "router.json"
+    config.write_text('{"adminTokenFile": "/etc/vertumnus/admin/token"}')
+    base = ["router", "--config", str(config), "--engine", "127.0.0.1:1"]
+
+    def token_file(*extra: str) -> str:
+        return router_config_from_args(
+            build_parser().parse_args([*base, *extra])
+        ).settings.admin_token_file
+
+    assert token_file() == "/etc/vertumnus/admin/token"
+    assert token_file("--admin-token-file", "/mine") == "/mine"
+    assert token_file("--admin-token-file", "") == ""

@@ -75,6 +75,8 @@ def test_the_operators_router_json_gives_the_pools_settings():
         "0.0.0.0:9100",
     )
     assert s.admission_limit == 77 and s.profile == "qwen3-30b-a3b/h200"
+    # Admin needs the pool's token, from the Secret the pod mounts there.
+    assert s.admin_token_file == res.ROUTER_ADMIN_TOKEN
     assert s.placement == PlacementParams(beta=1.5, beta_busy=7.5, lam=0.25)
     assert s.placement == parse_spec(SPEC).placement_params()
     assert s.cache_manager == CacheManagerSettings(
@@ -230,6 +232,7 @@ BAD = [
     ("engines.1.domain", 2, "engines must cover domains 0..1 once each, got [0, 2]"),
     ("controller.external", False, "controller.external must be true"),
     ("namespace", 3, "namespace must be a string, got 3"),
+    ("adminTokenFile", 3, "adminTokenFile must be a string, got 3"),
     ("engine.blockSize", "16", "engine.blockSize must be an integer, got '16'"),
 ]
 
