@@ -20,6 +20,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -72,12 +73,22 @@ class TokenFile:
         return token is not None and hmac.compare_digest(presented.encode(), token.encode())
 
 
-class AdminAuth(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Refuses an Admin call without the token, before it reaches the router."""
+LOG_EVERY_S = 60.0
+"""At most one warning per this many seconds for refused calls (with their count since the
+last): a client retrying in a loop must not flood the log. Each is counted in
+``vertumnus_router_admin_refused_total`` all the same."""
 
-    def __init__(self, tokens: TokenFile) -> None:
+
+class AdminAuth(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Refuses an Admin call without the token, before it reaches the router; each refusal
+    is handed to ``refused`` (the method's short name: the router's metric)."""
+
+    def __init__(self, tokens: TokenFile, refused: Callable[[str], None] | None = None) -> None:
         self.tokens = tokens
+        self._counted = refused
         self._refuse = grpc.unary_unary_rpc_method_handler(self._unauthenticated)
+        self._unlogged = 0
+        self._logged_at = -LOG_EVERY_S
 
     async def intercept_service(
         self,
@@ -86,8 +97,21 @@ class AdminAuth(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     ) -> Any:
         if not details.method.startswith(ADMIN_PREFIX) or self._allowed(details):
             return await continuation(details)
-        _log.warning("refused %s: no valid admin token", details.method)
+        self._refused(details.method)
         return self._refuse
+
+    def _refused(self, method: str) -> None:
+        if self._counted is not None:
+            self._counted(method[len(ADMIN_PREFIX) :])
+        self._unlogged += 1
+        now = time.monotonic()
+        if now - self._logged_at >= LOG_EVERY_S:
+            _log.warning(
+                "refused %d Admin call(s) without a valid admin token (the last: %s)",
+                self._unlogged,
+                method,
+            )
+            self._unlogged, self._logged_at = 0, now
 
     def _allowed(self, details: grpc.HandlerCallDetails) -> bool:
         for key, value in details.invocation_metadata or ():

@@ -120,6 +120,12 @@ class RouterMetrics:
         self._reconfigs = Counter(
             "vertumnus_reconfigurations", "Splits and merges committed.", ["kind"], registry=r
         )
+        self._admin_refused = Counter(
+            "vertumnus_router_admin_refused",
+            "Admin calls refused for want of the pool's admin token, by method.",
+            ["method"],
+            registry=r,
+        )
         self._reconf_drain = Histogram(
             "vertumnus_reconfiguration_drain_seconds",
             "Drain part of a split or merge.",
@@ -230,6 +236,9 @@ class RouterMetrics:
         self._outcomes.labels("ok").inc()
         self._hit_tokens.inc(cached)
         self._prompt_tokens.inc(prompt)
+
+    def admin_refused(self, method: str) -> None:
+        self._admin_refused.labels(method=method).inc()
 
     def attempt_failed(self, worker: int, code: str) -> None:
         self._attempt_failures.labels(str(worker), code).inc()

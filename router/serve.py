@@ -109,8 +109,9 @@ async def start_router(
 ) -> RunningRouter:
     """Bind the ports, discover the engines, start serving."""
     # Read before anything starts: a router told to guard Admin never serves it unguarded.
-    guard = [AdminAuth(TokenFile(settings.admin_token_file))] if settings.admin_token_file else []
+    tokens = TokenFile(settings.admin_token_file) if settings.admin_token_file else None
     router = Router(settings, engines, store=store, router_id=router_id)
+    guard = [] if tokens is None else [AdminAuth(tokens, router.metrics.admin_refused)]
     options = [("grpc.so_reuseport", 0)]
     # The guard sits on the server that has Admin; it lets every other service through.
     if settings.admin_listen:

@@ -66,6 +66,11 @@ def test_admin_needs_the_token_and_prefill_does_not(tmp_path, own_port) -> None:
                     code, details = await _code(admin.Drain(drain, metadata=md))
                     assert code == grpc.StatusCode.UNAUTHENTICATED, md
                     assert "<pool>-router-admin" in details
+                # Counted for an alert, by method.
+                refused = running.router.metrics.registry.get_sample_value(
+                    "vertumnus_router_admin_refused_total", {"method": "Drain"}
+                )
+                assert refused == 3
                 good = admintoken.bearer(TOKEN)
                 status = await admin.GetPool(pool_pb2.GetPoolRequest(), metadata=good)
                 # The refused drains never ran.
@@ -210,3 +215,21 @@ def test_the_flag_overrides_the_files_token_and_empty_means_none(tmp_path) -> No
     assert token_file() == "/etc/vertumnus/admin/token"
     assert token_file("--admin-token-file", "/mine") == "/mine"
     assert token_file("--admin-token-file", "") == ""
+
+
+def test_refusals_are_logged_at_most_once_a_minute_with_their_count(caplog) -> None:  # type: ignore[no-untyped-def]
+    from vertumnus.router import adminauth
+
+    counted: list[str] = []
+    guard = adminauth.AdminAuth(None, counted.append)  # type: ignore[arg-type]  # no token read
+    with caplog.at_level("WARNING", logger="vertumnus.router"):
+        for _ in range(5):
+            guard._refused("/vertumnus.v1.Admin/Drain")
+        first = [r.getMessage() for r in caplog.records]
+        guard._logged_at -= adminauth.LOG_EVERY_S  # a minute later
+        guard._refused("/vertumnus.v1.Admin/GetPool")
+    assert counted == ["Drain"] * 5 + ["GetPool"]
+    assert first == [
+        "refused 1 Admin call(s) without a valid admin token (the last: /vertumnus.v1.Admin/Drain)"
+    ]
+    assert caplog.records[-1].getMessage().startswith("refused 5 Admin call(s)")
