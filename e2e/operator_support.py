@@ -109,41 +109,58 @@ def install_chart(k8s: Any, home: Path) -> Path:
         "--timeout=30s",
     )
     kubeconfig = Path(k8s.kubeconfig_for_service_account(SYSTEM_NAMESPACE, SERVICE_ACCOUNT))
-    # The chart's key, where the operator pod would mount it (the ServiceAccount may not
-    # read Secrets: the test's own identity reads it).
-    admin_key_file(kubeconfig).write_bytes(chart_admin_key(k8s))
+    # The chart's key and CA, where the operator pod would mount them (the ServiceAccount
+    # may not read Secrets: the test's own identity reads them).
+    for field, path in admin_files(kubeconfig).items():
+        path.write_bytes(chart_admin_key(k8s, field))
     return kubeconfig
 
 
-def chart_admin_key(k8s: Any) -> bytes:
-    """The operator's key in the chart's Secret."""
+def chart_admin_key(k8s: Any, field: str = "key") -> bytes:
+    """A field of the chart's Secret of the operator's key (``key``, ``ca.crt``, ``ca.key``)."""
     name = f"{SERVICE_ACCOUNT}-admin-key"
+    path = "{.data." + field.replace(".", "\\.") + "}"
     encoded = k8s.kubectl(
-        "get", "secret", name, "-n", SYSTEM_NAMESPACE, "-o", "jsonpath={.data.key}"
+        "get", "secret", name, "-n", SYSTEM_NAMESPACE, "-o", f"jsonpath={path}"
     ).stdout
     return base64.b64decode(encoded)
 
 
-def admin_key_file(kubeconfig: Path) -> Path:
-    """Where the operator processes under ``kubeconfig`` read the chart's key."""
-    return kubeconfig.with_name("admin.key")
+def admin_files(kubeconfig: Path) -> dict[str, Path]:
+    """Where the operator processes under ``kubeconfig`` read the chart's key and CA."""
+    return {f: kubeconfig.with_name(f"admin-{f}") for f in ("key", "ca.crt", "ca.key")}
 
 
 def pool_router_json(k8s: Any, ns: str, name: str, folder: Path) -> dict[str, Any]:
     """The router.json the operator rendered for pool ``name``, as a router pod sees it:
-    written to ``folder/router.json`` with ``adminTokenFile`` pointing at
-    ``folder/admin-token``, the token of the pool's Secret (what the pod mounts)."""
+    written to ``folder/router.json`` with ``adminTokenFile`` (and, when the operator issued
+    one, ``adminTlsCertFile`` and ``adminTlsKeyFile``) pointing at ``folder/admin-token``
+    (``admin-tls.crt``, ``admin-tls.key``), the files of the pool's Secret (what the pod
+    mounts)."""
     config = json.loads(
         k8s.kubectl("get", "configmap", f"{name}-router", "-n", ns, "-o", "json").stdout
     )["data"]["router.json"]
     doc = json.loads(config)
-    token = k8s.kubectl(
-        "get", "secret", f"{name}-router-admin", "-n", ns, "-o", "jsonpath={.data.token}"
-    ).stdout
-    (folder / "admin-token").write_bytes(base64.b64decode(token))
-    doc["adminTokenFile"] = str(folder / "admin-token")
+    secret = json.loads(
+        k8s.kubectl("get", "secret", f"{name}-router-admin", "-n", ns, "-o", "json").stdout
+    )["data"]
+    for key, field in (
+        ("token", "adminTokenFile"),
+        ("tls.crt", "adminTlsCertFile"),
+        ("tls.key", "adminTlsKeyFile"),
+    ):
+        if field in doc:
+            (folder / f"admin-{key}").write_bytes(base64.b64decode(secret[key]))
+            doc[field] = str(folder / f"admin-{key}")
     (folder / "router.json").write_text(json.dumps(doc))
     return doc
+
+
+def pool_admin_tls(kubeconfig: Path, ns: str, name: str) -> Any:
+    """How the operator under ``kubeconfig`` verifies pool ``name``'s routers' Admin port."""
+    from vertumnus.admintls import AdminTLS, router_name
+
+    return AdminTLS(admin_files(kubeconfig)["ca.crt"].read_bytes(), router_name(name, ns))
 
 
 # `python -m vertumnus.operator ARGS`, dying with the test process (PR_SET_PDEATHSIG = 1).
@@ -187,7 +204,9 @@ class OperatorProcess:
         }
         env.update(
             KUBECONFIG=str(self.kubeconfig),
-            VERTUMNUS_ADMIN_KEY_FILE=str(admin_key_file(self.kubeconfig)),
+            VERTUMNUS_ADMIN_KEY_FILE=str(admin_files(self.kubeconfig)["key"]),
+            VERTUMNUS_ADMIN_CA_FILE=str(admin_files(self.kubeconfig)["ca.crt"]),
+            VERTUMNUS_ADMIN_CA_KEY_FILE=str(admin_files(self.kubeconfig)["ca.key"]),
             POD_NAME=self.name,
             PYTHONUNBUFFERED="1",
             **self.extra_env,
@@ -272,6 +291,8 @@ def cppool(
         "router": {
             "tolerations": [FAKE_TOLERATION],
             **({"nodeSelector": node_label} if node_label else {}),
+            # The stand-in router speaks plaintext; the tests with a real router turn TLS on.
+            "adminTLS": False,
         },
     }
     for k, v in spec.items():

@@ -24,6 +24,7 @@ import grpc
 
 from vertumnus import admintoken
 from vertumnus._proto import pool_pb2, pool_pb2_grpc, worker_pb2, worker_pb2_grpc
+from vertumnus.admintls import AdminTLS
 from vertumnus.ports import free_port_base as free_base
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,8 +172,11 @@ class RouterProcess:
         port: int | None = None,
         host: str = "127.0.0.1",
         admin_port: bool = False,
+        admin_tls: AdminTLS | None = None,
     ) -> None:
         self.host = host
+        self.admin_tls = admin_tls
+        """How to verify its Admin port, when it serves TLS (router.json's adminTlsCertFile)."""
         self.port = port or free_base(3)
         self.metrics_port = self.port + 1
         self.admin_port = self.port + 2 if admin_port else self.port
@@ -230,7 +234,7 @@ class RouterProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"router exited ({self.proc.returncode}); see {self.log}")
             try:
-                pool(self.admin_address, timeout=1.0)
+                pool(self.admin_address, timeout=1.0, tls=self.admin_tls)
                 return self
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.UNAUTHENTICATED:  # type: ignore[attr-defined]
@@ -256,10 +260,21 @@ class RouterProcess:
         return None if self.proc is None else self.proc.returncode
 
 
-def pool(target: str, timeout: float = 10.0, token_file: Path | None = None) -> pool_pb2.PoolStatus:
-    """Admin.GetPool at ``target``, with the Admin token in ``token_file`` if given."""
+def pool(
+    target: str,
+    timeout: float = 10.0,
+    token_file: Path | None = None,
+    tls: AdminTLS | None = None,
+) -> pool_pb2.PoolStatus:
+    """Admin.GetPool at ``target``, with the Admin token in ``token_file`` if given, over
+    TLS verified with ``tls`` if given."""
     md = admintoken.bearer(admintoken.read_token(str(token_file))) if token_file else ()
-    with grpc.insecure_channel(target) as ch:
+    channel = (
+        grpc.insecure_channel(target)
+        if tls is None
+        else grpc.secure_channel(target, tls.credentials(), tls.options())
+    )
+    with channel as ch:
         return pool_pb2_grpc.AdminStub(ch).GetPool(
             pool_pb2.GetPoolRequest(), timeout=timeout, metadata=md
         )

@@ -84,24 +84,26 @@ def _mounts_admin_key(dep, secret):  # type: ignore[no-untyped-def]
     (mount,) = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
     (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
     assert volume["secret"]["secretName"] == secret
-    (item,) = volume["secret"]["items"]
-    assert item["key"] == "key" and f"{mount['mountPath']}/{item['path']}" == path
+    (item,) = [i for i in volume["secret"]["items"] if i["key"] == "key"]
+    assert f"{mount['mountPath']}/{item['path']}" == path
     # Readable by the operator's user, through its group (non-root, fsGroup).
     assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
     assert volume["secret"]["defaultMode"] & 0o040
 
 
 def test_an_upgrade_keeps_the_operator_key(k8s, chart, tmp_path):
-    """Every pool's Admin token is derived from the chart's key: an upgrade must keep it
-    (the chart reads it back from the cluster), or every router would refuse the operator
-    until the kubelet had updated each pool's token."""
-    before = ops.chart_admin_key(k8s)
+    """Every pool's Admin token is derived from the chart's key, and the routers'
+    certificates are issued by its CA: an upgrade must keep both (the chart reads them back
+    from the cluster), or every router would refuse the operator until the kubelet had
+    updated each pool's Secret."""
+    fields = ("key", "ca.crt", "ca.key")
+    before = {f: ops.chart_admin_key(k8s, f) for f in fields}
     ops.helm(
         k8s, "upgrade", ops.RELEASE, str(ops.CHART), "-n", ops.SYSTEM_NAMESPACE,
         "--reuse-values", home=tmp_path,
     )  # fmt: skip
-    assert ops.chart_admin_key(k8s) == before
-    assert len(before) == 48
+    assert {f: ops.chart_admin_key(k8s, f) for f in fields} == before
+    assert len(before["key"]) == 48 and before["ca.crt"].startswith(b"-----BEGIN CERTIFICATE")
 
 
 def test_helm_lint_and_template_are_clean(k8s, tmp_path):
@@ -165,6 +167,20 @@ def test_helm_lint_and_template_are_clean(k8s, tmp_path):
         assert key["metadata"]["name"] == "t-vertumnus-operator-admin-key"
         assert len(base64.b64decode(key["data"]["key"])) == 48
         _mounts_admin_key(dep, "t-vertumnus-operator-admin-key")
+        # The CA the routers' Admin certificates are issued from, which the operator loads.
+        (container,) = dep["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        (items,) = [
+            v["secret"]["items"]
+            for v in dep["spec"]["template"]["spec"]["volumes"]
+            if "secret" in v
+        ]
+        for var, field in (
+            ("VERTUMNUS_ADMIN_CA_FILE", "ca.crt"),
+            ("VERTUMNUS_ADMIN_CA_KEY_FILE", "ca.key"),
+        ):
+            assert env[var].endswith("/" + field) and {"key": field, "path": field} in items
+            assert base64.b64decode(key["data"][field]).startswith(b"-----BEGIN")
     # A key of the user's own: the chart makes none and mounts that one.
     own = ops.helm(
         k8s, "template", "t", str(ops.CHART),
@@ -174,6 +190,12 @@ def test_helm_lint_and_template_are_clean(k8s, tmp_path):
     assert not [d for d in docs if d["kind"] == "Secret"]
     (dep,) = [d for d in docs if d["kind"] == "Deployment"]
     _mounts_admin_key(dep, "mine")
+    # A Secret of one's own without a CA: Admin in plaintext, nothing else mounted.
+    plain = ops.helm(
+        k8s, "template", "t", str(ops.CHART), "--set", "operator.adminKey.existingSecret=mine",
+        "--set", "operator.adminKey.tls=false", home=tmp_path,
+    ).stdout  # fmt: skip
+    assert "ca.crt" not in plain and "VERTUMNUS_ADMIN_CA_FILE" not in plain
     bad = ops.helm(
         k8s,
         "template",

@@ -92,6 +92,7 @@ def _one_domain_pool(k8s, ns, name, label, tmp_path):  # type: ignore[no-untyped
             degrees=[2, 4],
             model={"profile": "cpu-tiny"},
             controller={"windowSeconds": 3600},  # only the operator's own moves
+            router={"adminTLS": True},  # the stand-in routers' pools do without
         ),
     )
     try:
@@ -103,7 +104,7 @@ def _one_domain_pool(k8s, ns, name, label, tmp_path):  # type: ignore[no-untyped
     return uids
 
 
-def _route(k8s, ns, name, engine, tmp_path, *, via_service=False):  # type: ignore[no-untyped-def]
+def _route(k8s, ns, name, engine, tmp_path, operator, *, via_service=False):  # type: ignore[no-untyped-def]
     """A router from the pool's router.json in front of ``engine``, and the operator
     pointed at it: by the CPPool's ``vertumnus.io/router-addresses`` annotation, or
     (``via_service``) as in a deployment, where the operator reads the ready endpoints of
@@ -117,6 +118,8 @@ def _route(k8s, ns, name, engine, tmp_path, *, via_service=False):  # type: igno
         str(tmp_path / "router.json"),
         host=ops.own_address() if via_service else "127.0.0.1",
         admin_port=True,  # Admin on a port of its own, as router.json's adminPort in a pod
+        # Over TLS, with the certificate the operator issued the pool's routers.
+        admin_tls=ops.pool_admin_tls(operator.kubeconfig, ns, name),
     ).start()
     if not via_service:
         k8s.kubectl(
@@ -146,7 +149,7 @@ def test_a_split_and_a_merge_by_the_operator_move_real_requests_and_lose_none(
         engine = ps.Engine(4, [4], tmp_path / "engine.log", worker_ids=[0]).start()
         router = None
         try:
-            router = _route(k8s, namespace, "real", engine, tmp_path, via_service=True)
+            router = _route(k8s, namespace, "real", engine, tmp_path, operator, via_service=True)
             prompts = ps.prompts(160, seed=21, extra=60)
             clients = _Clients(router.address, prompts, gap_s=0.05)  # ~8 s of requests
             clients.thread.start()
@@ -168,16 +171,19 @@ def test_a_split_and_a_merge_by_the_operator_move_real_requests_and_lose_none(
             degrees = {r.degree for r in clients.answers.values()}
             assert degrees == {2, 4}, degrees
             # The router and the engine are where the operator's status says.
-            token = tmp_path / "admin-token"
-            seen = ps.pool(router.admin_address, token_file=token)
+            token, tls = tmp_path / "admin-token", router.admin_tls
+            seen = ps.pool(router.admin_address, token_file=token, tls=tls)
             # The operator reached Admin at its own port; the clients' port does not serve it.
             with pytest.raises(grpc.RpcError) as refused:
                 ps.pool(router.address, token_file=token)
             assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
-            # And only with the pool's token, which the operator sent on every call.
+            # And only over TLS, with the pool's token, which the operator sent on every call.
             with pytest.raises(grpc.RpcError) as refused:
-                ps.pool(router.admin_address)
+                ps.pool(router.admin_address, tls=tls)
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.RpcError) as refused:
+                ps.pool(router.admin_address, token_file=token)  # plaintext
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
             assert seen.epoch == st["epoch"] == 3
             assert seen.composition == "1xCP4"
             assert [w.worker for w in seen.workers] == [w["id"] for w in st["workers"]]
@@ -212,7 +218,7 @@ def test_a_rolling_update_restarts_the_engine_and_loses_no_request(
         engine = ps.Engine(4, [4], tmp_path / "engine.log", worker_ids=[0]).start()
         router = None
         try:
-            router = _route(k8s, namespace, "roll", engine, tmp_path)
+            router = _route(k8s, namespace, "roll", engine, tmp_path, operator)
             prompts = ps.prompts(100, seed=22, extra=60)
             clients = _Clients(router.address, prompts, gap_s=0.05)
             clients.thread.start()
@@ -229,7 +235,11 @@ def test_a_rolling_update_restarts_the_engine_and_loses_no_request(
             # The operator drains first and resumes only once the new pod is Ready, which
             # cannot be before the old one is gone: the worker must be draining now.
             assert (
-                ps.pool(router.admin_address, token_file=tmp_path / "admin-token").workers[0].state
+                ps.pool(
+                    router.admin_address, token_file=tmp_path / "admin-token", tls=router.admin_tls
+                )
+                .workers[0]
+                .state
                 == pool_pb2.WorkerStatus.DRAINING
             ), "the pod went before its worker was drained"
             engine.stop()  # the kubelet stops the old pod's engine and starts the new one's
@@ -238,7 +248,8 @@ def test_a_rolling_update_restarts_the_engine_and_loses_no_request(
 
             def serving():  # type: ignore[no-untyped-def]
                 st = pool_status(k8s, namespace, "roll")
-                w = ps.pool(router.admin_address, token_file=tmp_path / "admin-token").workers[0]
+                token = tmp_path / "admin-token"
+                w = ps.pool(router.admin_address, token_file=token, tls=router.admin_tls).workers[0]
                 return st.get("phase") == "Ready" and w.state == pool_pb2.WorkerStatus.SERVING
 
             wait_for("the worker serving again", 60, serving)

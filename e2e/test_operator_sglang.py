@@ -107,6 +107,7 @@ def test_a_failed_sglang_server_is_replaced_by_the_operator_in_the_same_pod(
                 composition=[{"count": 2, "degree": 1}],
                 engine={"kind": "sglang"},
                 model={"profile": "cpu-tiny", "path": "/models/tiny"},
+                router={"adminTLS": True},  # the stand-in routers' pools do without
             ),
         )
 
@@ -139,6 +140,7 @@ def test_a_failed_sglang_server_is_replaced_by_the_operator_in_the_same_pod(
                 "--config",
                 str(tmp_path / "router.json"),
                 admin_port=True,
+                admin_tls=ops.pool_admin_tls(operator.kubeconfig, namespace, name),
             ).start()
             k8s.kubectl(
                 "annotate",
@@ -174,7 +176,9 @@ def test_a_failed_sglang_server_is_replaced_by_the_operator_in_the_same_pod(
             said = [(e["reason"], e.get("message", "")) for e in events(k8s, namespace, name)]
             assert any(r == "WorkerFailed" and "exited with code 7" in m for r, m in said), said
             # The router and the adapter agree with the status; the new server serves.
-            seen = ps.pool(router.admin_address, token_file=tmp_path / "admin-token")
+            seen = ps.pool(
+                router.admin_address, token_file=tmp_path / "admin-token", tls=router.admin_tls
+            )
             assert seen.epoch == 2 and [w.worker for w in seen.workers] == [ids[0], new]
             assert all(w.state == pool_pb2.WorkerStatus.SERVING for w in seen.workers)
             assert {r.worker for r in _prefill_all(router.address, 8)} == {ids[0], new}

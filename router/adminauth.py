@@ -20,6 +20,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -28,7 +29,7 @@ import grpc
 
 from vertumnus.admintoken import HEADER, SCHEME, read_token
 
-__all__ = ["ADMIN_PREFIX", "AdminAuth", "TokenFile"]
+__all__ = ["ADMIN_PREFIX", "AdminAuth", "CertFiles", "TokenFile"]
 
 _log = logging.getLogger("vertumnus.router")
 
@@ -127,3 +128,63 @@ class AdminAuth(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             "<token>'; vertumnus admin --token-file; in Kubernetes the Secret "
             "<pool>-router-admin, key token)",
         )
+
+
+class CertFiles:
+    """The admin port's certificate and key, read again when either file changes: each
+    new connection's handshake asks (:meth:`credentials`), so a certificate the operator
+    issues anew takes effect without a restart. A pair that cannot be read or does not
+    match keeps the one before (and says so); at start it is refused."""
+
+    def __init__(self, cert_file: str, key_file: str) -> None:
+        self.cert_file, self.key_file = cert_file, key_file
+        self._seen = self._stamp()
+        self._pair = self._read()
+
+    def _stamp(self) -> tuple[tuple[int, int, int] | None, ...]:
+        out: list[tuple[int, int, int] | None] = []
+        for path in (self.cert_file, self.key_file):
+            try:
+                st = os.stat(path)
+            except OSError:
+                out.append(None)
+            else:
+                out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+        return tuple(out)
+
+    def _read(self) -> tuple[bytes, bytes]:
+        """(key, certificate chain) PEM, checked to belong together.
+
+        Raises ValueError naming the file."""
+        pems = []
+        for path in (self.key_file, self.cert_file):
+            try:
+                with open(path, "rb") as f:
+                    pems.append(f.read())
+            except OSError as e:
+                raise ValueError(f"admin TLS file {path}: {e.strerror or e}") from None
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.cert_file, self.key_file)
+        except (ssl.SSLError, OSError) as e:
+            raise ValueError(
+                f"admin TLS files {self.cert_file}, {self.key_file}: not a PEM certificate and "
+                f"its key ({e})"
+            ) from None
+        return pems[0], pems[1]
+
+    def credentials(self) -> grpc.ServerCredentials:
+        config = grpc.ssl_server_certificate_configuration([self._pair])
+        return grpc.dynamic_ssl_server_credentials(config, self._fetch)
+
+    def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        stamp = self._stamp()
+        if stamp == self._seen:
+            return None
+        try:
+            pair = self._read()
+        except ValueError as e:
+            _log.error("keeping the admin port's certificate: %s", e)
+            return None
+        self._seen, self._pair = stamp, pair
+        _log.info("the admin port's certificate changed: serving the new one")
+        return grpc.ssl_server_certificate_configuration([pair])

@@ -73,6 +73,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         "file's adminTokenFile, else no token needed; empty: none whatever the file says)",
     )
     p.add_argument(
+        "--admin-tls-cert-file",
+        default=None,
+        metavar="PATH",
+        help="serve the Admin port (--admin-listen) over TLS with this PEM certificate (chain), "
+        "read again when it changes (default: the file's adminTlsCertFile; empty: plaintext)",
+    )
+    p.add_argument(
+        "--admin-tls-key-file",
+        default=None,
+        metavar="PATH",
+        help="the certificate's PEM key (default: the file's adminTlsKeyFile)",
+    )
+    p.add_argument(
         "--metrics-listen",
         default=None,
         help="HOST:PORT of /metrics (default 127.0.0.1:9464; empty for none)",
@@ -155,6 +168,8 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
             ("listen", args.listen),
             ("admin_listen", args.admin_listen),
             ("admin_token_file", args.admin_token_file),
+            ("admin_tls_cert_file", args.admin_tls_cert_file),
+            ("admin_tls_key_file", args.admin_tls_key_file),
             ("metrics_listen", args.metrics_listen),
             ("pool", args.pool),
             ("profile", args.profile),
@@ -205,10 +220,16 @@ def cmd_router(args: argparse.Namespace) -> int:
         return 2
     try:
         config = router_config_from_args(args)
-        if config.settings.admin_token_file:
+        s = config.settings
+        # The Admin port's files: a clear error now, not at start.
+        if s.admin_token_file:
             from vertumnus.router.adminauth import read_token
 
-            read_token(config.settings.admin_token_file)  # a clear error now, not at start
+            read_token(s.admin_token_file)
+        if s.admin_tls_cert_file:
+            from vertumnus.router.adminauth import CertFiles
+
+            CertFiles(s.admin_tls_cert_file, s.admin_tls_key_file)
         store = _store(config)
     except ValueError as e:
         print(f"vertumnus: error: {e}", file=sys.stderr)

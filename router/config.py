@@ -22,6 +22,8 @@ What the router reads:
   reaches the pod from outside); without ``adminPort``, Admin is served on ``port``;
 - ``adminTokenFile``: the file holding the token every Admin call must carry (the pool's
   Secret ``<pool>-router-admin``, mounted; :mod:`vertumnus.router.adminauth`);
+  ``adminTlsCertFile``, ``adminTlsKeyFile``: the certificate and key the Admin port
+  serves TLS with (the same Secret's, when the operator has a CA);
 - ``admissionLimit``: requests accepted and not finished, at most;
 - ``model.profile``: the prefill-time profile placement predicts with;
 - ``placement.beta``, ``placement.betaBusy``, ``placement.lambda``: β, β_busy, λ
@@ -339,6 +341,8 @@ _TOP_LEVEL = (
     "port",
     "adminPort",
     "adminTokenFile",
+    "adminTlsCertFile",
+    "adminTlsKeyFile",
     "metricsPort",
     "admissionLimit",
     "model",
@@ -381,6 +385,8 @@ def parse_router_config(raw: Any) -> RouterConfig:
             listen=listen,
             admin_listen=admin_listen,
             admin_token_file=doc.string("adminTokenFile", defaults.admin_token_file),
+            admin_tls_cert_file=doc.string("adminTlsCertFile", defaults.admin_tls_cert_file),
+            admin_tls_key_file=doc.string("adminTlsKeyFile", defaults.admin_tls_key_file),
             metrics_listen=metrics_listen,
             pool=doc.string("pool", defaults.pool),
             profile=profile,

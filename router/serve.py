@@ -27,7 +27,7 @@ import grpc
 from prometheus_client import start_http_server
 
 from vertumnus.core.store import TrieStore
-from vertumnus.router.adminauth import AdminAuth, TokenFile
+from vertumnus.router.adminauth import AdminAuth, CertFiles, TokenFile
 from vertumnus.router.router import Router
 from vertumnus.router.service import NOT_SERVING, SERVING, add_services
 from vertumnus.router.settings import RouterSettings
@@ -110,6 +110,11 @@ async def start_router(
     """Bind the ports, discover the engines, start serving."""
     # Read before anything starts: a router told to guard Admin never serves it unguarded.
     tokens = TokenFile(settings.admin_token_file) if settings.admin_token_file else None
+    certs = (
+        CertFiles(settings.admin_tls_cert_file, settings.admin_tls_key_file)
+        if settings.admin_tls_cert_file
+        else None
+    )
     router = Router(settings, engines, store=store, router_id=router_id)
     guard = [] if tokens is None else [AdminAuth(tokens, router.metrics.admin_refused)]
     options = [("grpc.so_reuseport", 0)]
@@ -121,7 +126,11 @@ async def start_router(
         server, admin = grpc.aio.server(options=options, interceptors=guard), None
     health = add_services(server, router, admin)
     port = _bind(server, settings.listen)
-    admin_port = _bind(admin, settings.admin_listen) if admin is not None else port
+    admin_port = (
+        _bind(admin, settings.admin_listen, None if certs is None else certs.credentials())
+        if admin is not None
+        else port
+    )
     await health.set("", NOT_SERVING)
     servers = [server] if admin is None else [server, admin]
     for s in servers:
@@ -154,9 +163,14 @@ async def start_router(
     return running
 
 
-def _bind(server: grpc.aio.Server, listen: str) -> int:
+def _bind(
+    server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None = None
+) -> int:
     try:
-        port = server.add_insecure_port(listen)
+        if credentials is None:
+            port = server.add_insecure_port(listen)
+        else:
+            port = server.add_secure_port(listen, credentials)
     except RuntimeError as e:
         raise OSError(
             f"cannot listen on {listen}: {e} (is another router running there?)"

@@ -34,6 +34,13 @@ class RouterSettings:
     ``authorization: Bearer <token>``; :mod:`vertumnus.router.adminauth`), read again
     when it changes. Empty: Admin needs no token (a router on the loopback, or one
     whose admin port only a NetworkPolicy guards)."""
+    admin_tls_cert_file: str = ""
+    admin_tls_key_file: str = ""
+    """A certificate (chain) and its key, PEM: the Admin port serves TLS with them, read
+    again when they change (:class:`vertumnus.router.adminauth.CertFiles`). Both or
+    neither, and only with ``admin_listen``: the public port stays plaintext (the kubelet's
+    gRPC probe has no TLS). In an operator's pool, the certificate the operator issues
+    the pool's routers (:mod:`vertumnus.admintls`)."""
     metrics_listen: str = "127.0.0.1:9464"
     """host:port of the Prometheus ``/metrics`` endpoint (empty: none)."""
     pool: str = "local"
@@ -119,6 +126,13 @@ class RouterSettings:
             raise ValueError(
                 f"admin_listen: {self.admin_listen!r} has the public API's port ({self.listen!r}); "
                 "leave it empty to serve Admin there"
+            )
+        if bool(self.admin_tls_cert_file) != bool(self.admin_tls_key_file):
+            raise ValueError("admin_tls_cert_file and admin_tls_key_file go together")
+        if self.admin_tls_cert_file and not self.admin_listen:
+            raise ValueError(
+                "admin TLS needs the Admin API on a port of its own (admin_listen): the "
+                "public port stays plaintext"
             )
         if self.admission_limit < 1:
             raise ValueError(f"admission_limit must be >= 1, got {self.admission_limit}")

@@ -27,6 +27,7 @@ the package and into the Helm chart (tests/operator/test_crd.py fails if they dr
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import os
@@ -69,6 +70,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     try:
         admin_key = read_key(args.admin_key_file)
+        admin_ca = _admin_ca(args)
     except ValueError as e:
         print(f"vertumnus operator: error: {e}", file=sys.stderr)
         return 2
@@ -87,7 +89,12 @@ def _run(args: argparse.Namespace) -> int:
         "off" if args.standalone else args.peering,
         priority,
     )
-    memo = kopf.Memo(admin_key=admin_key)
+    if admin_ca is None:
+        logging.getLogger("vertumnus.operator").warning(
+            "no admin CA (--admin-ca-file, --admin-ca-key-file): the routers' Admin ports "
+            "serve plaintext, and the token crosses the network in clear"
+        )
+    memo = kopf.Memo(admin_key=admin_key, admin_ca=admin_ca)
     if args.metrics_listen:
         memo["metrics"] = _serve_metrics(args.metrics_listen)
     from vertumnus.gcfreeze import freeze_startup
@@ -107,6 +114,37 @@ def _run(args: argparse.Namespace) -> int:
         memo=memo,
     )
     return 0
+
+
+def _admin_ca(args: argparse.Namespace) -> tuple[bytes, bytes] | None:
+    """The operator's CA from ``--admin-ca-file`` and ``--admin-ca-key-file`` (both or
+    neither); ValueError naming what is wrong."""
+    if bool(args.admin_ca_file) != bool(args.admin_ca_key_file):
+        raise ValueError("--admin-ca-file and --admin-ca-key-file go together")
+    if not args.admin_ca_file:
+        return None
+    from vertumnus.admintls import read_ca
+
+    return read_ca(args.admin_ca_file, args.admin_ca_key_file)
+
+
+def _add_admin_ca_flags(p: argparse.ArgumentParser, env: bool) -> None:
+    for flag, var, what in (
+        ("--admin-ca-file", "VERTUMNUS_ADMIN_CA_FILE", "certificate"),
+        ("--admin-ca-key-file", "VERTUMNUS_ADMIN_CA_KEY_FILE", "key"),
+    ):
+        p.add_argument(
+            flag,
+            default=os.environ.get(var, "") if env else "",
+            metavar="PATH",
+            help=f"the CA's PEM {what}: the operator issues each pool's routers a certificate "
+            "for their Admin port and verifies it"
+            + (
+                f" (default ${var}; the chart's Secret <release>-vertumnus-operator-admin-key)"
+                if env
+                else ""
+            ),
+        )
 
 
 def _serve_metrics(listen: str) -> object:
@@ -166,6 +204,7 @@ def _write_crds() -> int:
 def _render(args: argparse.Namespace) -> int:
     import yaml
 
+    from vertumnus.admintls import issue, router_name
     from vertumnus.admintoken import pool_token, read_key
     from vertumnus.core import transition as tr
     from vertumnus.core.lattice import layout_for
@@ -175,12 +214,16 @@ def _render(args: argparse.Namespace) -> int:
     from vertumnus.operator.reconcile import pool_objects
 
     admin_key = None
-    if args.admin_key_file:
-        try:
+    try:
+        if args.admin_key_file:
             admin_key = read_key(args.admin_key_file)
-        except ValueError as e:
-            print(f"vertumnus operator: error: {e}", file=sys.stderr)
-            return 2
+        admin_ca = _admin_ca(args)
+    except ValueError as e:
+        print(f"vertumnus operator: error: {e}", file=sys.stderr)
+        return 2
+    if admin_ca is not None and admin_key is None:
+        print("vertumnus operator: error: --admin-ca-file needs --admin-key-file", file=sys.stderr)
+        return 2
     docs = [d for d in yaml.safe_load_all(Path(args.file).read_text()) if d]
     items = []
     for doc in docs:
@@ -200,10 +243,17 @@ def _render(args: argparse.Namespace) -> int:
         group = res.gang_group(spec, owner, gang)
         if group is not None:
             items.append(group)
-        items += pool_objects(spec, owner, pool.layout, pool.epoch)
+        tls_on = admin_ca is not None and spec.router.admin_tls
+        items += pool_objects(spec, owner, pool.layout, pool.epoch, tls_on)
         if admin_key is not None:
             token = pool_token(admin_key, owner.namespace, owner.name, owner.uid)
-            items.append(res.admin_secret(owner, token))
+            tls = None
+            if admin_ca is not None and tls_on:
+                now = datetime.datetime.now(datetime.UTC)
+                name = router_name(owner.name, owner.namespace)
+                issued = issue(admin_ca[0], admin_ca[1], name, now)
+                tls = (issued.cert_pem, issued.key_pem)
+            items.append(res.admin_secret(owner, token, tls))
         if spec.redis.mode == "managed":
             items.append(res.redis_secret(owner, "rendered-placeholder"))
         items += [
@@ -234,6 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the operator's key (at least 16 bytes): each pool's Admin token is derived from "
         "it (default $VERTUMNUS_ADMIN_KEY_FILE; the chart mounts its Secret <release>-vertumnus-operator-admin-key)",
     )
+    _add_admin_ca_flags(r, env=True)
     r.add_argument("--standalone", action="store_true", help="no peering (a single replica)")
     r.add_argument(
         "--priority",
@@ -278,6 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also render the pool's Admin token Secret, derived from this key as the "
         "operator would (without it the Secret is left out: the routers wait for it)",
     )
+    _add_admin_ca_flags(d, env=False)
     args = p.parse_args(argv)
     return {"run": _run, "crds": _crds, "render": _render}[args.command](args)
 

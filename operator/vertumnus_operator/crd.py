@@ -162,6 +162,11 @@ class RouterSpec:
     admission_limit: int = 1024
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
+    admin_tls: bool = True
+    """The routers serve Admin over TLS with a certificate the operator issues from its CA
+    (:mod:`vertumnus.admintls`; an operator without a CA leaves it plaintext). False: a
+    pool whose traffic a service mesh already encrypts, or whose stand-in router speaks
+    plaintext."""
 
 
 @dataclass(frozen=True)
@@ -533,6 +538,7 @@ def parse_spec(
         admission_limit=_int(r, "admissionLimit", rp, 1024, 1),
         node_selector=_selector(r, "nodeSelector", rp),
         tolerations=_tolerations(r, "tolerations", rp),
+        admin_tls=_bool(r, "adminTLS", rp, True),
     )
     if router.port == router.metrics_port:
         raise SpecError(f"{rp}.metricsPort", f"must differ from port ({router.port})")

@@ -31,6 +31,7 @@ from typing import Any
 
 import kopf
 
+from vertumnus.admintls import read_ca
 from vertumnus.admintoken import read_key
 from vertumnus.operator.crd import GROUP, PLURAL, VERSION
 from vertumnus.operator.kube import KubeClient, connection_info
@@ -43,6 +44,10 @@ __all__ = ["ADMIN_KEY_ENV", "FINALIZER", "admin_key_from_env", "configure", "reg
 ADMIN_KEY_ENV = "VERTUMNUS_ADMIN_KEY_FILE"
 """The file holding the operator's key, from which each pool's Admin token is derived
 (:mod:`vertumnus.admintoken`); the chart mounts its Secret ``<release>-vertumnus-operator-admin-key`` there."""
+
+
+ADMIN_CA_ENV = ("VERTUMNUS_ADMIN_CA_FILE", "VERTUMNUS_ADMIN_CA_KEY_FILE")
+"""The files of the CA that issues the routers' Admin certificates (:mod:`vertumnus.admintls`)."""
 
 
 def admin_key_from_env() -> bytes:
@@ -113,6 +118,10 @@ def register(registry: kopf.OperatorRegistry) -> None:
         configure(settings, int(lifetime) if lifetime else None)
         if memo.get("admin_key") is None:  # kopf run -m ...kopf_entry: from the environment
             memo["admin_key"] = admin_key_from_env()
+            ca, ca_key = (os.environ.get(v, "") for v in ADMIN_CA_ENV)
+            if bool(ca) != bool(ca_key):
+                raise ValueError(f"${ADMIN_CA_ENV[0]} and ${ADMIN_CA_ENV[1]} go together")
+            memo["admin_ca"] = read_ca(ca, ca_key) if ca else None
         memo["kube"] = KubeClient(connection_info())
         if memo.get("metrics") is not None:  # OperatorMetrics, from kopf.run(memo=...)
             memo["metrics"].api_requests = memo["kube"].requests
@@ -163,6 +172,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
             seen=lambda: memo.get("seen_version"),
             metrics=None if metrics is None else metrics.pool(namespace or "default", name),
             admin_key=memo["admin_key"],
+            admin_ca=memo.get("admin_ca"),
         )
         await runtime.run(stopped)
 

@@ -26,6 +26,7 @@ second, four times a second while pods are being placed, every 2 s for a pool st
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import os
 import time
@@ -33,6 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
+from vertumnus.admintls import VALID_DAYS, AdminTLS, Issued, issue, router_name
 from vertumnus.admintoken import pool_token
 from vertumnus.core import planner
 from vertumnus.core import transition as tr
@@ -175,6 +177,7 @@ class PoolRuntime:
         metrics: PoolMetrics | None = None,
         *,
         admin_key: bytes,
+        admin_ca: tuple[bytes, bytes] | None = None,
     ) -> None:
         self.kube = kube
         self.metrics = metrics
@@ -187,6 +190,10 @@ class PoolRuntime:
         """What this pool's routers require of an Admin call: written into its Secret,
         sent on every call; derived, so that a restarted operator needs no Secret back."""
         self.reconciler = Reconciler(kube, self.owner, self.admin_token)
+        self.admin_ca = admin_ca
+        """The operator's CA (certificate, key: PEM), which issues the pool's routers the
+        Admin port's certificate; None: Admin in plaintext."""
+        self._issued: Issued | None = None
         self.events = KubeEvents(kube, name, namespace, uid)
         self.clock = clock
         self.wake = wake or asyncio.Event()
@@ -393,6 +400,7 @@ class PoolRuntime:
         if time.monotonic() - self.applied_all > RESYNC_S:
             self.reconciler.forget()  # re-apply everything now and then (hand-deleted objects)
             self.applied_all = time.monotonic()
+        self._keep_admin_cert(spec)
         problems = await self.reconciler.apply(effective, layout, runner.record.pool.epoch)
         obs = await self.reconciler.observe(effective)
         obs.generation = generation
@@ -710,6 +718,29 @@ class PoolRuntime:
 
     # ---- control ---------------------------------------------------------------------------
 
+    def admin_tls(self, spec: PoolSpec | None) -> AdminTLS | None:
+        """How this operator verifies the routers' Admin port under ``spec`` (None:
+        plaintext, for want of a CA or by ``spec.router.adminTLS: false``)."""
+        if self.admin_ca is None or spec is None or not spec.router.admin_tls:
+            return None
+        return AdminTLS(self.admin_ca[0], router_name(self.name, self.namespace))
+
+    def _keep_admin_cert(self, spec: PoolSpec) -> None:
+        """Issue the routers' Admin certificate once, and again when a third of its validity
+        is left (the routers read the renewed Secret without a restart); none while the
+        pool's Admin is plaintext."""
+        if self.admin_tls(spec) is None or self.admin_ca is None:
+            self.reconciler.admin_cert = None
+            return
+        if self.reconciler.admin_cert is None:
+            self._issued = None  # TLS turned on again: a certificate at once
+        now = datetime.datetime.fromtimestamp(self.clock(), datetime.UTC)
+        issued = self._issued
+        if issued is None or issued.not_after - now < datetime.timedelta(days=VALID_DAYS / 3):
+            name = router_name(self.name, self.namespace)
+            issued = self._issued = issue(self.admin_ca[0], self.admin_ca[1], name, now)
+            self.reconciler.admin_cert = (issued.cert_pem, issued.key_pem)
+
     def _admin_now(self) -> RouterAdmin:
         if self.admin is None:
             raise AdminError("-", "UNAVAILABLE", "no router address known")
@@ -717,13 +748,17 @@ class PoolRuntime:
 
     async def _refresh_admin(self, obj: Mapping[str, Any]) -> RouterAdmin | None:
         addresses = await router_addresses(obj, self.router_slices)
-        if self.admin is not None and self.admin.addresses == tuple(addresses):
+        tls = self.admin_tls(self.spec)
+        if self.admin is not None and (self.admin.addresses, self.admin.tls) == (
+            tuple(addresses),
+            tls,
+        ):
             return self.admin
         if self.admin is not None:
             await self.admin.close()
             self.admin = None
         if addresses:
-            self.admin = RouterAdmin(addresses, self.admin_token)
+            self.admin = RouterAdmin(addresses, self.admin_token, tls)
         return self.admin
 
     async def _control(self, obj: Mapping[str, Any], spec: PoolSpec, effective: PoolSpec) -> None:

@@ -39,15 +39,16 @@ log = logging.getLogger(__name__)
 
 
 def pool_objects(
-    spec: PoolSpec, owner: res.Owner, layout: Layout, epoch: int
+    spec: PoolSpec, owner: res.Owner, layout: Layout, epoch: int, admin_tls: bool = False
 ) -> list[dict[str, Any]]:
     """Every object of the pool except its pods, the gang object and its Secrets (its
-    PodDisruptionBudgets, of the domain pods and of the routers, included)."""
+    PodDisruptionBudgets, of the domain pods and of the routers, included); ``admin_tls``:
+    the routers serve Admin over TLS."""
     objs = [
         res.engines_service(owner, spec),
         res.domains_pdb(owner, spec),
-        res.configmap(spec, owner, layout, epoch),
-        res.router_deployment(spec, owner),
+        res.configmap(spec, owner, layout, epoch, admin_tls),
+        res.router_deployment(spec, owner, admin_tls),
         res.router_service(spec, owner),
         res.router_pdb(owner),
         *res.redis_objects(spec, owner),
@@ -77,6 +78,9 @@ class Reconciler:
         self.admin_token = admin_token
         """The pool's Admin token, written into its Secret by :meth:`apply` (only
         :meth:`delete_all` goes without one)."""
+        self.admin_cert: tuple[bytes, bytes] | None = None
+        """The certificate and key (PEM) the operator issued the pool's routers, written
+        into the same Secret (None: Admin in plaintext); its owner keeps it current."""
         self._applied: dict[str, str] = {}
         """path -> hash of what was last applied there (skip unchanged applies)."""
         self._secret_done = False
@@ -125,9 +129,10 @@ class Reconciler:
         owner = self.owner
         if not self.admin_token:
             raise ValueError("a pool's objects need its Admin token")
+        tls = self.admin_cert
         objs = [
-            res.admin_secret(owner, self.admin_token),
-            *pool_objects(spec, owner, layout, epoch),
+            res.admin_secret(owner, self.admin_token, tls),
+            *pool_objects(spec, owner, layout, epoch, admin_tls=tls is not None),
         ]
         await asyncio.gather(*(self._apply(o) for o in objs))
         if spec.redis.mode == "managed" and not self._secret_done:

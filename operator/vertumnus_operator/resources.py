@@ -101,7 +101,8 @@ ROUTER_CONFIG_FILE = f"{ROUTER_CONFIG}/router.json"
 """Where the router pod reads :func:`router_config` (``vertumnus router --config``)."""
 ROUTER_ADMIN = "/etc/vertumnus/admin"
 ROUTER_ADMIN_TOKEN = f"{ROUTER_ADMIN}/token"
-"""Where the router pod mounts its pool's Admin token (the Secret ``P-router-admin``)."""
+"""Where the router pod mounts its pool's Admin token (the Secret ``P-router-admin``), and
+beside it the Admin port's certificate and key, when the operator issued them."""
 ROUTER_PRESTOP_S = 5
 """Seconds a router pod being deleted keeps serving before its SIGTERM (endpoints
 propagate meanwhile)."""
@@ -395,8 +396,9 @@ def router_pdb(owner: Owner) -> dict[str, Any]:
     }
 
 
-def router_config(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
-    """What the router reads at start (``router.json``)."""
+def router_config(spec: PoolSpec, owner: Owner, admin_tls: bool = False) -> dict[str, Any]:
+    """What the router reads at start (``router.json``); ``admin_tls``: the Admin port
+    serves TLS with the certificate in the pool's Secret."""
     redis: dict[str, Any] = {"mode": spec.redis.mode}
     url = redis_url(spec, owner)
     if url:
@@ -410,6 +412,14 @@ def router_config(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
         "port": spec.router.port,
         "adminPort": spec.router.admin_port,
         "adminTokenFile": ROUTER_ADMIN_TOKEN,
+        **(
+            {
+                "adminTlsCertFile": f"{ROUTER_ADMIN}/tls.crt",
+                "adminTlsKeyFile": f"{ROUTER_ADMIN}/tls.key",
+            }
+            if admin_tls
+            else {}
+        ),
         "metricsPort": spec.router.metrics_port,
         "admissionLimit": spec.router.admission_limit,
         "model": {"name": spec.model.name, "path": spec.model.path, "profile": spec.model.profile},
@@ -456,13 +466,17 @@ def layout_document(layout: Layout, epoch: int) -> dict[str, Any]:
     }
 
 
-def configmap(spec: PoolSpec, owner: Owner, layout: Layout, epoch: int) -> dict[str, Any]:
+def configmap(
+    spec: PoolSpec, owner: Owner, layout: Layout, epoch: int, admin_tls: bool = False
+) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": owner.meta(f"{owner.name}-router", "router"),
         "data": {
-            "router.json": json.dumps(router_config(spec, owner), indent=2, sort_keys=True),
+            "router.json": json.dumps(
+                router_config(spec, owner, admin_tls), indent=2, sort_keys=True
+            ),
             "layout.json": json.dumps(layout_document(layout, epoch), indent=2, sort_keys=True),
         },
     }
@@ -513,13 +527,13 @@ def router_args(spec: PoolSpec, owner: Owner) -> list[str]:
     ]  # fmt: skip
 
 
-def router_config_hash(spec: PoolSpec, owner: Owner) -> str:
+def router_config_hash(spec: PoolSpec, owner: Owner, admin_tls: bool = False) -> str:
     """A digest of ``router.json`` (not ``layout.json``: an epoch switch must not restart
     the router, which learns the grouping from the engines)."""
-    return spec_hash(router_config(spec, owner))
+    return spec_hash(router_config(spec, owner, admin_tls))
 
 
-def router_deployment(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
+def router_deployment(spec: PoolSpec, owner: Owner, admin_tls: bool = False) -> dict[str, Any]:
     labels = owner.labels("router")
     r = spec.router
     pod: dict[str, Any] = {
@@ -556,10 +570,8 @@ def router_deployment(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
             {"name": "config", "configMap": {"name": f"{owner.name}-router"}},
             {
                 "name": "admin",
-                "secret": {
-                    "secretName": admin_secret_name(owner),
-                    "items": [{"key": "token", "path": "token"}],
-                },
+                # Every key: the token, and the certificate when the operator issues one.
+                "secret": {"secretName": admin_secret_name(owner)},
             },
         ],
         "terminationGracePeriodSeconds": (
@@ -596,7 +608,9 @@ def router_deployment(spec: PoolSpec, owner: Owner) -> dict[str, Any]:
             "template": {
                 "metadata": {
                     "labels": labels,
-                    "annotations": {ANN_ROUTER_CONFIG_HASH: router_config_hash(spec, owner)},
+                    "annotations": {
+                        ANN_ROUTER_CONFIG_HASH: router_config_hash(spec, owner, admin_tls)
+                    },
                 },
                 "spec": pod,
             },
@@ -688,16 +702,23 @@ def admin_secret_name(owner: Owner) -> str:
     return f"{owner.name}-router-admin"
 
 
-def admin_secret(owner: Owner, token: str) -> dict[str, Any]:
-    """The pool's Admin token (:mod:`vertumnus.admintoken`), which its router pods mount.
-    Applied like the pool's other objects: a Secret edited by hand is set back at the next
-    full re-apply (within a minute), so that the routers hold what the operator sends."""
+def admin_secret(
+    owner: Owner, token: str, tls: tuple[bytes, bytes] | None = None
+) -> dict[str, Any]:
+    """The pool's Admin token (:mod:`vertumnus.admintoken`) and, with ``tls`` (certificate,
+    key: PEM), the certificate the operator issued its routers (:mod:`vertumnus.admintls`),
+    which its router pods mount. Applied like the pool's other objects: a Secret edited by
+    hand is set back at the next full re-apply (within a minute), so that the routers hold
+    what the operator sends and verifies."""
+    data = {"token": token.encode()}
+    if tls is not None:
+        data["tls.crt"], data["tls.key"] = tls
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": owner.meta(admin_secret_name(owner), "router"),
         "type": "Opaque",
-        "data": {"token": base64.b64encode(token.encode()).decode()},
+        "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
     }
 
 

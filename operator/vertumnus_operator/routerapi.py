@@ -32,6 +32,7 @@ import grpc
 from grpc import aio
 
 from vertumnus._proto import pool_pb2, pool_pb2_grpc
+from vertumnus.admintls import AdminTLS
 from vertumnus.admintoken import bearer
 from vertumnus.core import kappa
 from vertumnus.core import transition as tr
@@ -77,14 +78,27 @@ class Window:
 class RouterAdmin:
     """Admin clients for a set of router replicas (``host:port``), channels kept open."""
 
-    def __init__(self, addresses: Sequence[str], token: str, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        token: str,
+        tls: AdminTLS | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
         if not addresses:
             raise ValueError("no router address")
         self.addresses = tuple(addresses)
+        self.tls = tls
         self.timeout_s = timeout_s
         self._metadata = bearer(token)
         """The pool's Admin token, on every call (:mod:`vertumnus.admintoken`)."""
-        self._channels = {a: aio.insecure_channel(a) for a in self.addresses}
+        if tls is None:
+            self._channels = {a: aio.insecure_channel(a) for a in self.addresses}
+        else:
+            # Each router's certificate must name the pool's router Service, signed by
+            # the operator's CA: the token goes to this pool's routers only, encrypted.
+            creds, options = tls.credentials(), tls.options()
+            self._channels = {a: aio.secure_channel(a, creds, options) for a in self.addresses}
         self._stubs = {a: pool_pb2_grpc.AdminStub(c) for a, c in self._channels.items()}
         self._taken: tuple[int, float, float] | None = None
         """(hop, its start, when it was taken) of the last take."""

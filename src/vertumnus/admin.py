@@ -9,7 +9,8 @@
 
 ``--token-file PATH`` (default: ``$VERTUMNUS_ADMIN_TOKEN_FILE``) sends the token a
 router started with ``--admin-token-file`` asks for; in Kubernetes it is the pool's
-Secret ``<pool>-router-admin`` (key ``token``). ``--json`` prints the answer as JSON
+Secret ``<pool>-router-admin`` (key ``token``). ``--tls-ca-file`` dials a router whose
+Admin port serves TLS (``--tls-server-name`` the name its certificate carries). ``--json`` prints the answer as JSON
 instead of a table. Errors from the
 router (an unknown worker, a split the pool refuses) are printed as one line
 with the gRPC status, exit code 2; an unreachable router exits 1.
@@ -38,6 +39,20 @@ def register(sub: argparse._SubParsersAction) -> None:
             help="send the admin token on this file's first line (default "
             "$VERTUMNUS_ADMIN_TOKEN_FILE; in Kubernetes the Secret <pool>-router-admin)",
         )
+        v.add_argument(
+            "--tls-ca-file",
+            default="",
+            metavar="PATH",
+            help="dial over TLS, verifying the router against this CA (PEM; in Kubernetes the "
+            "operator's CA, ca.crt of the Secret <release>-vertumnus-operator-admin-key)",
+        )
+        v.add_argument(
+            "--tls-server-name",
+            default="",
+            metavar="NAME",
+            help="the name the router's certificate must carry, when --target does not "
+            "(an operator's pool: NAME-router.NAMESPACE.svc)",
+        )
         v.add_argument("--json", action="store_true", help="print the answer as JSON")
         v.add_argument(
             "--timeout", type=float, default=60.0, help="seconds to wait (default %(default)s)"
@@ -59,13 +74,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _call(args: argparse.Namespace) -> Any:
-    import grpc
 
     from vertumnus._proto import pool_pb2, pool_pb2_grpc
     from vertumnus.admintoken import bearer, read_token
 
     md = bearer(read_token(args.token_file)) if args.token_file else ()
-    with grpc.insecure_channel(args.target) as channel:
+    with _channel(args) as channel:
         stub = pool_pb2_grpc.AdminStub(channel)
         kw = {"timeout": args.timeout, "metadata": md}
         cmd = args.admin_cmd
@@ -85,6 +99,24 @@ def _call(args: argparse.Namespace) -> Any:
                 pool_pb2.ReconfigureRequest(merge=pair, reason="vertumnus admin"), **kw
             )
         return stub.Scan(pool_pb2.ScanRequest(), **kw)
+
+
+def _channel(args: argparse.Namespace) -> Any:
+    import grpc
+
+    if not args.tls_ca_file:
+        return grpc.insecure_channel(args.target)
+    try:
+        with open(args.tls_ca_file, "rb") as f:
+            ca = f.read()
+    except OSError as e:
+        raise ValueError(f"--tls-ca-file {args.tls_ca_file}: {e.strerror or e}") from None
+    options = (
+        [("grpc.ssl_target_name_override", args.tls_server_name)] if args.tls_server_name else []
+    )
+    return grpc.secure_channel(
+        args.target, grpc.ssl_channel_credentials(root_certificates=ca), options=options
+    )
 
 
 def cmd_admin(args: argparse.Namespace) -> int:

@@ -59,3 +59,59 @@ def test_the_operator_drains_through_a_router_that_requires_its_pool_token(tmp_p
             await engine.server.stop(0)
 
     run()
+
+
+def test_the_operator_issues_the_routers_certificate_and_renews_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issued once (not at every apply: the Secret would change every minute), again
+    when a third of its validity is left; for the pool's router Service's name."""
+    import datetime
+
+    from cryptography import x509
+
+    from tests.operator.test_resources import _spec
+    from tests.router.test_admin_tls import make_ca
+    from vertumnus.admintls import VALID_DAYS, router_name
+
+    ca = make_ca()
+    now = [1_800_000_000.0]
+    runtime = PoolRuntime(
+        None,  # type: ignore[arg-type]
+        "pool",
+        "ns",
+        "uid-1",
+        clock=lambda: now[0],
+        admin_key=KEY,
+        admin_ca=ca,
+    )
+    spec = _spec()
+    tls = runtime.admin_tls(spec)
+    assert tls is not None
+    assert tls.server_name == router_name("pool", "ns") == "pool-router.ns.svc"
+    assert runtime.reconciler.admin_cert is None
+    runtime._keep_admin_cert(spec)
+    first = runtime.reconciler.admin_cert
+    assert first is not None
+    cert = x509.load_pem_x509_certificate(first[0])
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca[0]))
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["pool-router.ns.svc"]
+    now[0] += 86400 * (VALID_DAYS * 2 / 3 - 1)
+    runtime._keep_admin_cert(spec)
+    assert runtime.reconciler.admin_cert is first
+    now[0] += 2 * 86400
+    runtime._keep_admin_cert(spec)
+    renewed = runtime.reconciler.admin_cert
+    assert renewed is not None and renewed != first
+    renewed_cert = x509.load_pem_x509_certificate(renewed[0])
+    assert renewed_cert.not_valid_before_utc > cert.not_valid_before_utc
+    assert renewed_cert.not_valid_after_utc - cert.not_valid_after_utc > datetime.timedelta(days=1)
+    # A pool that asks for plaintext Admin: no certificate, no TLS; asked again, a new one.
+    off = _spec(router={"adminTLS": False})
+    runtime._keep_admin_cert(off)
+    assert runtime.admin_tls(off) is None and runtime.reconciler.admin_cert is None
+    runtime._keep_admin_cert(spec)
+    assert runtime.reconciler.admin_cert not in (None, renewed)
+    # Without a CA there is nothing to issue: Admin in plaintext.
+    plain = PoolRuntime(None, "pool", "ns", "uid-1", admin_key=KEY)  # type: ignore[arg-type]
+    plain._keep_admin_cert(spec)
+    assert plain.admin_tls(spec) is None and plain.reconciler.admin_cert is None

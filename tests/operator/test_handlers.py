@@ -98,6 +98,38 @@ def test_render_with_the_key_includes_the_token_the_operator_would_apply(tmp_pat
     assert "admin key file" in capsys.readouterr().err
 
 
+def test_render_with_the_ca_issues_the_routers_certificate(tmp_path, capsys):
+    from cryptography import x509
+
+    from tests.router.test_admin_tls import make_ca
+
+    key = tmp_path / "admin.key"
+    key.write_text("k" * 32)
+    ca = make_ca()
+    (tmp_path / "ca.crt").write_bytes(ca[0])
+    (tmp_path / "ca.key").write_bytes(ca[1])
+    args = ["render", "-f", str(EXAMPLE), "--namespace", "x", "--admin-key-file", str(key)]
+    tls = [
+        "--admin-ca-file",
+        str(tmp_path / "ca.crt"),
+        "--admin-ca-key-file",
+        str(tmp_path / "ca.key"),
+    ]
+    assert main([*args, *tls]) == 0
+    items = json.loads(capsys.readouterr().out)["items"]
+    (secret,) = [o for o in items if o["metadata"]["name"].endswith("-router-admin")]
+    assert sorted(secret["data"]) == ["tls.crt", "tls.key", "token"]
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca[0]))
+    (cm,) = [o for o in items if o["kind"] == "ConfigMap" and "router.json" in o["data"]]
+    assert json.loads(cm["data"]["router.json"])["adminTlsCertFile"].endswith("/tls.crt")
+    # The CA's two files go together, and need the key the token comes from.
+    assert main([*args, "--admin-ca-file", str(tmp_path / "ca.crt")]) == 2
+    assert "go together" in capsys.readouterr().err
+    assert main(["render", "-f", str(EXAMPLE), *tls]) == 2
+    assert "needs --admin-key-file" in capsys.readouterr().err
+
+
 def test_render_names_the_bad_field(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("kind: CPPool\nmetadata: {name: p}\nspec: {gpus: 12, engine: {image: i}}\n")
@@ -145,6 +177,16 @@ def test_run_freezes_the_startup_heap_before_kopf_runs(monkeypatch, tmp_path):
     assert main(["run", "--standalone", "--admin-key-file", str(key)]) == 0
     assert calls == ["freeze", "kopf.run"]
     assert memos[0]["admin_key"] == b"k" * 32  # what every pool's token is derived from
+    assert memos[0]["admin_ca"] is None  # no CA: Admin in plaintext (a warning says so)
+    from tests.router.test_admin_tls import make_ca
+
+    ca = make_ca()
+    (tmp_path / "ca.crt").write_bytes(ca[0])
+    (tmp_path / "ca.key").write_bytes(ca[1])
+    monkeypatch.setenv("VERTUMNUS_ADMIN_CA_FILE", str(tmp_path / "ca.crt"))
+    monkeypatch.setenv("VERTUMNUS_ADMIN_CA_KEY_FILE", str(tmp_path / "ca.key"))
+    assert main(["run", "--standalone", "--admin-key-file", str(key)]) == 0
+    assert memos[1]["admin_ca"] == ca  # what each pool's routers' certificate is issued from
 
 
 def test_run_refuses_to_start_without_a_usable_admin_key(monkeypatch, tmp_path, capsys):

@@ -216,12 +216,30 @@ def test_the_router_gets_its_settings_and_the_layout():
     assert volumes[0]["configMap"]["name"] == "pool-router"
     # The Admin token: the pool's Secret, mounted where router.json says it is.
     assert admin["name"] == volumes[1]["name"] and admin["readOnly"]
-    assert volumes[1]["secret"]["secretName"] == res.admin_secret_name(OWNER) == "pool-router-admin"
-    (item,) = volumes[1]["secret"]["items"]
-    token_file = json.loads(cm["data"]["router.json"])["adminTokenFile"]
-    assert f"{admin['mountPath']}/{item['path']}" == token_file
+    assert volumes[1]["secret"] == {"secretName": res.admin_secret_name(OWNER)}
+    assert res.admin_secret_name(OWNER) == "pool-router-admin"
+    router_json = json.loads(cm["data"]["router.json"])
+    assert router_json["adminTokenFile"] == f"{admin['mountPath']}/token"
+    assert "adminTlsCertFile" not in router_json  # no CA: Admin in plaintext
     secret = res.admin_secret(OWNER, "tok")
-    assert base64.b64decode(secret["data"][item["key"]]) == b"tok"
+    assert {k: base64.b64decode(v) for k, v in secret["data"].items()} == {"token": b"tok"}
+    # With the operator's CA: the certificate beside the token, where router.json says.
+    secret = res.admin_secret(OWNER, "tok", (b"CERT", b"KEY"))
+    files = {f"{admin['mountPath']}/{k}": base64.b64decode(v) for k, v in secret["data"].items()}
+    tls_json = json.loads(res.configmap(spec, OWNER, layout, 4, True)["data"]["router.json"])
+    assert files == {
+        tls_json["adminTokenFile"]: b"tok",
+        tls_json["adminTlsCertFile"]: b"CERT",
+        tls_json["adminTlsKeyFile"]: b"KEY",
+    }
+    # Turning TLS on rolls the routers (they read router.json at start).
+    hashes = {
+        res.router_deployment(spec, OWNER, tls)["spec"]["template"]["metadata"]["annotations"][
+            res.ANN_ROUTER_CONFIG_HASH
+        ]
+        for tls in (False, True)
+    }
+    assert len(hashes) == 2
     assert res.redis_objects(spec, OWNER) == []
 
 
