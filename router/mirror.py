@@ -174,6 +174,9 @@ class MirroredStore:
     def worker_keys(self, worker: int) -> Set[int]:
         return self.local.worker_keys(worker)
 
+    def worker_block_count(self, worker: int) -> int:
+        return self.local.worker_block_count(worker)
+
     def workers(self) -> Set[int]:
         return self.local.workers()
 

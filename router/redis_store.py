@@ -415,6 +415,10 @@ class RedisTrieStore:
     def worker_keys(self, worker: int) -> Set[int]:
         return frozenset(map(int, self._client.smembers(f"{self._prefix}w:{int(worker)}")))
 
+    @_guarded("worker_block_count")
+    def worker_block_count(self, worker: int) -> int:
+        return int(self._client.scard(f"{self._prefix}w:{int(worker)}"))
+
     @_guarded("workers")
     def workers(self) -> Set[int]:
         return frozenset(map(int, self._client.smembers(self._prefix + "workers")))

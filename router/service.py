@@ -97,7 +97,7 @@ class AdminServicer(pool_pb2_grpc.AdminServicer):
                     outstanding_seconds=state.outstanding_s,
                     queued=state.queued,
                     running=state.running,
-                    cached_blocks=len(router.store.worker_keys(s.worker)),
+                    cached_blocks=router.store.worker_block_count(s.worker),
                     failure=w.failure,
                 )
             )

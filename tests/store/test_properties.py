@@ -72,7 +72,9 @@ def check_same(store, ref):
         assert dict(store.matched_blocks(c)) == ref.matched_blocks(c)
         assert [b.key for b in store.path(c)] == ref.path_keys(c)
     for w in range(4):
-        assert set(store.worker_keys(w)) == {k for k in KEYS if w in ref.holders(k)}
+        held = {k for k in KEYS if w in ref.holders(k)}
+        assert set(store.worker_keys(w)) == held
+        assert store.worker_block_count(w) == len(held)  # kept, not counted by a scan
 
 
 def generations(store):
@@ -205,6 +207,7 @@ def state(store, base):
         {k: sorted(store.children(k)) for k in KEYS},
         sorted(store.workers()),
         {w: sorted(store.worker_keys(w)) for w in range(4)},
+        {w: store.worker_block_count(w) for w in range(4)},
         [dict(store.matched_blocks(c)) for c in CHAINS],
         [
             [

@@ -158,6 +158,11 @@ class TrieStore(Protocol):
         """Every block ``worker`` holds."""
         ...
 
+    def worker_block_count(self, worker: int) -> int:
+        """How many blocks ``worker`` holds: ``len(worker_keys(worker))`` without listing
+        them (kept as the index changes, not counted by a scan)."""
+        ...
+
     def workers(self) -> Set[int]:
         """Workers holding at least one block."""
         ...

@@ -66,6 +66,7 @@ class PrefixTrie:
         "_log_base",
         "_next_generation",
         "_log_limit",
+        "_held",
         "block",
     )
 
@@ -82,6 +83,10 @@ class PrefixTrie:
         """Cursor of the change just before ``_log[0]``."""
         self._log_limit = log_limit
         self._next_generation = 1
+        self._held: dict[int, int] = {}
+        """Worker → how many blocks it holds, kept with each change (a router's GetPool
+        reports it for every worker every few seconds; counting by a scan of the index
+        cost O(workers × blocks) each time)."""
 
     @property
     def namespace(self) -> str:
@@ -331,6 +336,11 @@ class PrefixTrie:
     ) -> int:
         if not (stored or removed or gone or dropped):
             return self.cursor
+        held = self._held.get(worker, 0) + len(stored) - len(removed)
+        if held:
+            self._held[worker] = held
+        else:
+            self._held.pop(worker, None)
         log = self._log
         # Ints and tuples of ints only, like a node: out of the collector's walks too
         # (the log holds up to log_limit of them).
@@ -368,6 +378,9 @@ class PrefixTrie:
         # A scan: only reconfigurations and resynchronisations ask, and an index
         # per worker would cost every stored and removed block a set update.
         return frozenset(k for k, node in self._nodes.items() if worker in node.holders)
+
+    def worker_block_count(self, worker: int) -> int:
+        return self._held.get(worker, 0)
 
     def workers(self) -> Set[int]:
         out: set[int] = set()
