@@ -1,4 +1,4 @@
-"""The Admin API's token: who may drain workers and regroup engines.
+"""The Admin API's guard: its token, and the certificate of its TLS port.
 
 Admin (``vertumnus.v1.Admin``) can drain every worker of a pool or regroup its
 engines, so a router with ``admin_token_file`` answers an Admin call only when it
@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 
-from vertumnus.admintoken import HEADER, SCHEME, read_token
+from vertumnus.admintoken import HEADER, SCHEME, read_bytes, read_token
 
 __all__ = ["ADMIN_PREFIX", "AdminAuth", "CertFiles", "TokenFile"]
 
@@ -156,13 +156,7 @@ class CertFiles:
         """(key, certificate chain) PEM, checked to belong together.
 
         Raises ValueError naming the file."""
-        pems = []
-        for path in (self.key_file, self.cert_file):
-            try:
-                with open(path, "rb") as f:
-                    pems.append(f.read())
-            except OSError as e:
-                raise ValueError(f"admin TLS file {path}: {e.strerror or e}") from None
+        pems = [read_bytes("admin TLS file", path) for path in (self.key_file, self.cert_file)]
         try:
             ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.cert_file, self.key_file)
         except (ssl.SSLError, OSError) as e:

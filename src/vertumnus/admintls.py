@@ -62,13 +62,9 @@ def read_ca(cert_file: str, key_file: str) -> tuple[bytes, bytes]:
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
 
-    pems = []
-    for path in (cert_file, key_file):
-        try:
-            with open(path, "rb") as f:
-                pems.append(f.read())
-        except OSError as e:
-            raise ValueError(f"admin CA file {path}: {e.strerror or e}") from None
+    from vertumnus.admintoken import read_bytes
+
+    pems = [read_bytes("admin CA file", path) for path in (cert_file, key_file)]
     try:
         cert = x509.load_pem_x509_certificate(pems[0])
     except ValueError:

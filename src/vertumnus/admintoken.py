@@ -15,7 +15,7 @@ import base64
 import hashlib
 import hmac
 
-__all__ = ["HEADER", "SCHEME", "bearer", "pool_token", "read_key", "read_token"]
+__all__ = ["HEADER", "SCHEME", "bearer", "pool_token", "read_bytes", "read_key", "read_token"]
 
 HEADER = "authorization"
 SCHEME = "Bearer "
@@ -45,15 +45,20 @@ def read_token(path: str) -> str:
     return token
 
 
+def read_bytes(what: str, path: str) -> bytes:
+    """The file's bytes; ValueError ``"{what} {path}: why"`` when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"{what} {path}: {e.strerror or e}") from None
+
+
 def read_key(path: str) -> bytes:
     """The operator's key: the file's bytes without surrounding blanks.
 
     Raises ValueError naming the file when it cannot be read or is too short."""
-    try:
-        with open(path, "rb") as f:
-            key = f.read().strip()
-    except OSError as e:
-        raise ValueError(f"admin key file {path}: {e.strerror or e}") from None
+    key = read_bytes("admin key file", path).strip()
     if len(key) < MIN_KEY_BYTES:
         raise ValueError(
             f"admin key file {path}: {len(key)} bytes, need at least {MIN_KEY_BYTES} "
