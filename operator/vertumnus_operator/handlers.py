@@ -117,11 +117,15 @@ def register(registry: kopf.OperatorRegistry) -> None:
         lifetime = os.environ.get("VERTUMNUS_PEERING_LIFETIME")
         configure(settings, int(lifetime) if lifetime else None)
         if memo.get("admin_key") is None:  # kopf run -m ...kopf_entry: from the environment
-            memo["admin_key"] = admin_key_from_env()
-            ca, ca_key = (os.environ.get(v, "") for v in ADMIN_CA_ENV)
-            if bool(ca) != bool(ca_key):
-                raise ValueError(f"${ADMIN_CA_ENV[0]} and ${ADMIN_CA_ENV[1]} go together")
-            memo["admin_ca"] = read_ca(ca, ca_key) if ca else None
+            try:
+                memo["admin_key"] = admin_key_from_env()
+                ca, ca_key = (os.environ.get(v, "") for v in ADMIN_CA_ENV)
+                if bool(ca) != bool(ca_key):
+                    raise ValueError(f"${ADMIN_CA_ENV[0]} and ${ADMIN_CA_ENV[1]} go together")
+                memo["admin_ca"] = read_ca(ca, ca_key) if ca else None
+            except ValueError as e:
+                # Stop, saying why: retrying cannot make a missing key appear.
+                raise kopf.PermanentError(f"vertumnus operator: {e}") from None
         memo["kube"] = KubeClient(connection_info())
         if memo.get("metrics") is not None:  # OperatorMetrics, from kopf.run(memo=...)
             memo["metrics"].api_requests = memo["kube"].requests

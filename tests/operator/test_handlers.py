@@ -40,6 +40,39 @@ def test_handlers_go_into_the_registry_given_not_kopfs_global_one():
     assert len(kopf.get_default_registry()._spawning.get_all_handlers()) == before
 
 
+def test_under_kopf_run_the_key_comes_from_the_environment_or_the_operator_stops(
+    monkeypatch, tmp_path
+):
+    """``kopf run -m vertumnus.operator.kopf_entry`` has no ``--admin-key-file``: the
+    startup handler reads $VERTUMNUS_ADMIN_KEY_FILE (and the CA's variables), and stops
+    the operator for good, saying why, when it cannot."""
+    import asyncio
+
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry)
+    (startup,) = [h for h in registry._activities.get_all_handlers() if h.id == "startup"]
+    monkeypatch.setattr(handlers, "connection_info", lambda: None)
+    monkeypatch.setattr(handlers, "KubeClient", lambda info: object())
+    for var in ("VERTUMNUS_ADMIN_KEY_FILE", *handlers.ADMIN_CA_ENV):
+        monkeypatch.delenv(var, raising=False)
+
+    def start() -> kopf.Memo:
+        memo = kopf.Memo()
+        asyncio.run(startup.fn(settings=kopf.OperatorSettings(), memo=memo))
+        return memo
+
+    with pytest.raises(kopf.PermanentError, match="no admin key"):
+        start()
+    key = tmp_path / "key"
+    key.write_text("k" * 32)
+    monkeypatch.setenv("VERTUMNUS_ADMIN_KEY_FILE", str(key))
+    memo = start()
+    assert memo["admin_key"] == b"k" * 32 and memo["admin_ca"] is None
+    monkeypatch.setenv(handlers.ADMIN_CA_ENV[0], str(tmp_path / "ca.crt"))
+    with pytest.raises(kopf.PermanentError, match="go together"):
+        start()
+
+
 def test_settings_keep_kopfs_bookkeeping_in_our_namespace():
     settings = kopf.OperatorSettings()
     handlers.configure(settings, peering_lifetime=12)
