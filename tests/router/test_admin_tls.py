@@ -222,3 +222,75 @@ def test_an_issued_certificate_names_the_pool_and_chains_to_the_ca() -> None:
     cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca[0]))
     assert issued.not_after == NOW + datetime.timedelta(days=admintls.VALID_DAYS)
     assert cert.not_valid_after_utc == issued.not_after.replace(microsecond=0)
+
+
+class _MountedSecret:
+    """A Secret volume as the kubelet writes it (its AtomicWriter): the data in a
+    timestamped directory, ``..data`` a symlink to it, each key a symlink through
+    ``..data``; an update writes a new directory and swaps ``..data`` by rename."""
+
+    def __init__(self, folder) -> None:  # type: ignore[no-untyped-def]
+        self.folder = folder
+        self.version = 0
+
+    def write(self, data: dict[str, bytes]) -> None:
+        self.version += 1
+        target = self.folder / f"..2026_12_06_{self.version}"
+        target.mkdir()
+        for key, value in data.items():
+            (target / key).write_bytes(value)
+        tmp = self.folder / "..data_tmp"
+        tmp.symlink_to(target.name)
+        os.replace(tmp, self.folder / "..data")
+        for key in data:
+            link = self.folder / key
+            if not link.is_symlink():
+                link.symlink_to(f"..data/{key}")
+
+
+def test_a_secret_updated_the_kubelets_way_is_read_again(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The token and the certificate, updated by swapping the volume's ``..data`` link
+    (the files' own paths never change): the router serves the new ones."""
+    from vertumnus.admintoken import bearer
+
+    ca = make_ca()
+    secret = _MountedSecret(tmp_path)
+
+    def issue_and_write(token: str, authority: tuple[bytes, bytes]) -> None:
+        issued = admintls.issue(
+            authority[0], authority[1], NAME, datetime.datetime.now(datetime.UTC)
+        )
+        secret.write(
+            {"token": token.encode(), "tls.crt": issued.cert_pem, "tls.key": issued.key_pem}
+        )
+
+    issue_and_write("first", ca)
+    settings = _settings(
+        str(tmp_path / "tls.crt"),
+        str(tmp_path / "tls.key"),
+        admin_token_file=str(tmp_path / "token"),
+    )
+
+    async def get_pool(address: str, authority: bytes, token: str) -> None:
+        verify = admintls.AdminTLS(authority, NAME)
+        async with grpc.aio.secure_channel(address, verify.credentials(), verify.options()) as ch:
+            await pool_pb2_grpc.AdminStub(ch).GetPool(
+                pool_pb2.GetPoolRequest(), timeout=5, metadata=bearer(token)
+            )
+
+    @_sync
+    async def run() -> None:
+        engine, running = await _pool(settings)
+        try:
+            await get_pool(running.admin_address, ca[0], "first")
+            new_ca = make_ca("rotated")
+            issue_and_write("second", new_ca)
+            await get_pool(running.admin_address, new_ca[0], "second")
+            for authority, token in ((ca[0], "second"), (new_ca[0], "first")):
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await get_pool(running.admin_address, authority, token)
+        finally:
+            await running.stop(1.0)
+            await engine.server.stop(0)
+
+    run()
