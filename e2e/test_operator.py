@@ -104,6 +104,15 @@ def test_an_upgrade_keeps_the_operator_key(k8s, chart, tmp_path):
     )  # fmt: skip
     assert {f: ops.chart_admin_key(k8s, f) for f in fields} == before
     assert len(before["key"]) == 48 and before["ca.crt"].startswith(b"-----BEGIN CERTIFICATE")
+    # Rotating them (docs/operator.md, "The Admin token"): delete the Secret, upgrade.
+    secret = f"{ops.SERVICE_ACCOUNT}-admin-key"
+    k8s.kubectl("delete", "secret", secret, "-n", ops.SYSTEM_NAMESPACE)
+    ops.helm(
+        k8s, "upgrade", ops.RELEASE, str(ops.CHART), "-n", ops.SYSTEM_NAMESPACE,
+        "--reuse-values", home=tmp_path,
+    )  # fmt: skip
+    after = {f: ops.chart_admin_key(k8s, f) for f in fields}
+    assert all(after[f] != before[f] for f in fields) and len(after["key"]) == 48
 
 
 def test_helm_lint_and_template_are_clean(k8s, tmp_path):
