@@ -9,6 +9,9 @@ health (``grpc.health.v1``) says SERVING once the router is.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
+
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -230,15 +233,7 @@ class AdminServicer(pool_pb2_grpc.AdminServicer):
                 )
                 for c in report.capacity
             ],
-            placed=[
-                pool_pb2.PlacedRequest(
-                    offset_seconds=max(0.0, offset),
-                    length=length,
-                    cached_tokens=cached,
-                    block_keys=keys,
-                )
-                for offset, length, cached, keys in report.listed
-            ],
+            placed_columns=_columns(report.listed),
             placed_left_out=report.left_out,
         )
 
@@ -261,6 +256,19 @@ def add_services(
         reflection.enable_server_reflection((admin, reflection.SERVICE_NAME), admin_server)
     reflection.enable_server_reflection(names, server)
     return health_servicer
+
+
+def _columns(listed: Sequence[tuple[float, int, int, tuple[int, ...]]]) -> pool_pb2.PlacedColumns:
+    """A hop's first placements as one message of packed columns: built on the event loop
+    at every take, so a list per column rather than a message per placement (about a
+    tenth of the time for 1,900 placements)."""
+    return pool_pb2.PlacedColumns(
+        offset_seconds=[max(0.0, row[0]) for row in listed],
+        length=[row[1] for row in listed],
+        cached_tokens=[row[2] for row in listed],
+        key_counts=[len(row[3]) for row in listed],
+        block_keys=list(itertools.chain.from_iterable(row[3] for row in listed)),
+    )
 
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -75,6 +75,25 @@ class Window:
     placements arrived ``started_s`` + their offset."""
 
 
+def placed_rows(report: pool_pb2.WindowReport) -> list[tuple[float, int, int, tuple[int, ...]]]:
+    """A report's first placements as (offset, length, cached tokens, block keys) rows: from
+    its packed columns, and from the message per placement an older router sends."""
+    rows = [
+        (p.offset_seconds, p.length, p.cached_tokens, tuple(p.block_keys)) for p in report.placed
+    ]
+    c = report.placed_columns
+    keys = c.block_keys
+    end = 0
+    for offset, length, cached, count in zip(
+        c.offset_seconds, c.length, c.cached_tokens, c.key_counts, strict=True
+    ):
+        start, end = end, end + count
+        rows.append((offset, length, cached, tuple(keys[start:end])))
+    if end != len(keys):
+        raise ValueError(f"placed_columns: the key counts sum to {end}, there are {len(keys)} keys")
+    return rows
+
+
 class RouterAdmin:
     """Admin clients for a set of router replicas (``host:port``), channels kept open."""
 
@@ -144,9 +163,7 @@ class RouterAdmin:
                 )
                 for c in r.capacity
             ]
-            w.placed += [
-                (p.offset_seconds, p.length, p.cached_tokens, tuple(p.block_keys)) for p in r.placed
-            ]
+            w.placed += placed_rows(r)
             w.placed_left_out += r.placed_left_out
         w.placed.sort(key=lambda row: row[0])
         if self._taken is not None and self._taken[0] == hop:

@@ -493,3 +493,34 @@ def test_the_workers_a_merge_removes_are_drained_again_together():
         assert sorted(again) == sorted(pair)  # both sent before either was answered
         assert str(store.last.pool.layout.composition) == "2xCP8"
         assert a.composition() == b.composition() == "2xCP8"
+
+
+def test_placed_rows_read_packed_columns_and_an_older_routers_messages_alike():
+    """A router sends a hop's placements as packed columns; one from before sent a message
+    per placement. The operator reads either (or both) into the same rows, and refuses
+    columns whose key counts do not add up."""
+    from vertumnus._proto import pool_pb2
+    from vertumnus.operator.routerapi import placed_rows
+
+    rows = [(0.5, 32, 16, (1, 2)), (0.75, 48, 0, (3, 4, 5)), (1.0, 8, 0, ())]
+    old = pool_pb2.WindowReport(
+        placed=[
+            pool_pb2.PlacedRequest(offset_seconds=o, length=n, cached_tokens=c, block_keys=k)
+            for o, n, c, k in rows
+        ]
+    )
+    new = pool_pb2.WindowReport(
+        placed_columns=pool_pb2.PlacedColumns(
+            offset_seconds=[r[0] for r in rows],
+            length=[r[1] for r in rows],
+            cached_tokens=[r[2] for r in rows],
+            key_counts=[len(r[3]) for r in rows],
+            block_keys=[k for r in rows for k in r[3]],
+        )
+    )
+    assert placed_rows(old) == placed_rows(new) == rows
+    both = pool_pb2.WindowReport(placed=old.placed, placed_columns=new.placed_columns)
+    assert placed_rows(both) == rows + rows
+    new.placed_columns.block_keys.append(9)
+    with pytest.raises(ValueError, match="key counts sum to 5, there are 6 keys"):
+        placed_rows(new)

@@ -236,14 +236,17 @@ async def test_the_window_report_lists_first_placements_up_to_its_limit() -> Non
             report = await admin.TakeWindow(pool_pb2.TakeWindowRequest(hop=1), timeout=10)
             again = await admin.TakeWindow(pool_pb2.TakeWindowRequest(hop=1), timeout=10)
             after = await admin.TakeWindow(pool_pb2.TakeWindowRequest(hop=2), timeout=10)
-        assert report.requests == 5
-        assert [p.length for p in report.placed] == [40, 41, 42]
+        from vertumnus.operator.routerapi import placed_rows
+
+        rows = placed_rows(report)  # as the operator reads them (packed columns)
+        assert report.requests == 5 and not report.placed
+        assert [length for _, length, _, _ in rows] == [40, 41, 42]
         assert report.placed_left_out == 2
-        assert all(len(p.block_keys) == p.length // 16 for p in report.placed)
-        offsets = [p.offset_seconds for p in report.placed]
+        assert all(len(keys) == length // 16 for _, length, _, keys in rows)
+        offsets = [offset for offset, _, _, _ in rows]
         assert offsets == sorted(offsets) and offsets[0] >= 0.0
         assert again == report  # a retried take answers the same
-        assert (len(after.placed), after.placed_left_out) == (0, 0)
+        assert (placed_rows(after), after.placed_left_out) == ([], 0)
     finally:
         await running.stop()
         await engine.server.stop(None)
