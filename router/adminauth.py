@@ -29,7 +29,7 @@ import grpc
 
 from vertumnus.admintoken import HEADER, SCHEME, read_bytes, read_token
 
-__all__ = ["ADMIN_PREFIX", "AdminAuth", "CertFiles", "TokenFile"]
+__all__ = ["ADMIN_PREFIX", "AdminAuth", "CertFiles", "TokenFile", "admin_files"]
 
 _log = logging.getLogger("vertumnus.router")
 
@@ -182,3 +182,12 @@ class CertFiles:
         self._seen, self._pair = stamp, pair
         _log.info("the admin port's certificate changed: serving the new one")
         return grpc.ssl_server_certificate_configuration([pair])
+
+
+def admin_files(
+    token_file: str, cert_file: str, key_file: str
+) -> tuple[TokenFile | None, CertFiles | None]:
+    """The Admin port's token and certificate files a router's settings name, read (None
+    where none is named). Raises ValueError naming a file that cannot be used."""
+    tokens = TokenFile(token_file) if token_file else None
+    return tokens, CertFiles(cert_file, key_file) if cert_file else None

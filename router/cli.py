@@ -221,15 +221,10 @@ def cmd_router(args: argparse.Namespace) -> int:
     try:
         config = router_config_from_args(args)
         s = config.settings
-        # The Admin port's files: a clear error now, not at start.
-        if s.admin_token_file:
-            from vertumnus.router.adminauth import read_token
+        from vertumnus.router.adminauth import admin_files
 
-            read_token(s.admin_token_file)
-        if s.admin_tls_cert_file:
-            from vertumnus.router.adminauth import CertFiles
-
-            CertFiles(s.admin_tls_cert_file, s.admin_tls_key_file)
+        # The Admin port's files: a clear error now, before the router starts.
+        admin_files(s.admin_token_file, s.admin_tls_cert_file, s.admin_tls_key_file)
         store = _store(config)
     except ValueError as e:
         print(f"vertumnus: error: {e}", file=sys.stderr)

@@ -27,7 +27,7 @@ import grpc
 from prometheus_client import start_http_server
 
 from vertumnus.core.store import TrieStore
-from vertumnus.router.adminauth import AdminAuth, CertFiles, TokenFile
+from vertumnus.router.adminauth import AdminAuth, admin_files
 from vertumnus.router.router import Router
 from vertumnus.router.service import NOT_SERVING, SERVING, add_services
 from vertumnus.router.settings import RouterSettings
@@ -109,11 +109,8 @@ async def start_router(
 ) -> RunningRouter:
     """Bind the ports, discover the engines, start serving."""
     # Read before anything starts: a router told to guard Admin never serves it unguarded.
-    tokens = TokenFile(settings.admin_token_file) if settings.admin_token_file else None
-    certs = (
-        CertFiles(settings.admin_tls_cert_file, settings.admin_tls_key_file)
-        if settings.admin_tls_cert_file
-        else None
+    tokens, certs = admin_files(
+        settings.admin_token_file, settings.admin_tls_cert_file, settings.admin_tls_key_file
     )
     router = Router(settings, engines, store=store, router_id=router_id)
     guard = [] if tokens is None else [AdminAuth(tokens, router.metrics.admin_refused)]

@@ -38,6 +38,8 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
+from vertumnus.operator import adminkeys
+
 __all__ = ["default_priority", "main"]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,20 +59,12 @@ def default_priority(identity: str | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     import kopf
 
-    from vertumnus.admintoken import read_key
-    from vertumnus.operator.handlers import ADMIN_KEY_ENV, configure, register
+    from vertumnus.operator.handlers import configure, register
 
-    if not args.admin_key_file:
-        print(
-            f"vertumnus operator: error: --admin-key-file (or ${ADMIN_KEY_ENV}) is required: the "
-            "file of the key each pool's Admin token is derived from (the chart mounts its "
-            "Secret <release>-vertumnus-operator-admin-key); make one with head -c 32 /dev/urandom | base64 > admin.key",
-            file=sys.stderr,
-        )
-        return 2
     try:
-        admin_key = read_key(args.admin_key_file)
-        admin_ca = _admin_ca(args)
+        admin_key, admin_ca = adminkeys.load(
+            args.admin_key_file, args.admin_ca_file, args.admin_ca_key_file
+        )
     except ValueError as e:
         print(f"vertumnus operator: error: {e}", file=sys.stderr)
         return 2
@@ -116,22 +110,10 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _admin_ca(args: argparse.Namespace) -> tuple[bytes, bytes] | None:
-    """The operator's CA from ``--admin-ca-file`` and ``--admin-ca-key-file`` (both or
-    neither); ValueError naming what is wrong."""
-    if bool(args.admin_ca_file) != bool(args.admin_ca_key_file):
-        raise ValueError("--admin-ca-file and --admin-ca-key-file go together")
-    if not args.admin_ca_file:
-        return None
-    from vertumnus.admintls import read_ca
-
-    return read_ca(args.admin_ca_file, args.admin_ca_key_file)
-
-
 def _add_admin_ca_flags(p: argparse.ArgumentParser, env: bool) -> None:
     for flag, var, what in (
-        ("--admin-ca-file", "VERTUMNUS_ADMIN_CA_FILE", "certificate"),
-        ("--admin-ca-key-file", "VERTUMNUS_ADMIN_CA_KEY_FILE", "key"),
+        ("--admin-ca-file", adminkeys.CA_ENV, "certificate"),
+        ("--admin-ca-key-file", adminkeys.CA_KEY_ENV, "key"),
     ):
         p.add_argument(
             flag,
@@ -205,7 +187,7 @@ def _render(args: argparse.Namespace) -> int:
     import yaml
 
     from vertumnus.admintls import issue, router_name
-    from vertumnus.admintoken import pool_token, read_key
+    from vertumnus.admintoken import pool_token
     from vertumnus.core import transition as tr
     from vertumnus.core.lattice import layout_for
     from vertumnus.operator import resources as res
@@ -213,11 +195,10 @@ def _render(args: argparse.Namespace) -> int:
     from vertumnus.operator.gang import backend_for
     from vertumnus.operator.reconcile import pool_objects
 
-    admin_key = None
     try:
-        if args.admin_key_file:
-            admin_key = read_key(args.admin_key_file)
-        admin_ca = _admin_ca(args)
+        admin_key, admin_ca = adminkeys.load(
+            args.admin_key_file, args.admin_ca_file, args.admin_ca_key_file, need_key=False
+        )
     except ValueError as e:
         print(f"vertumnus operator: error: {e}", file=sys.stderr)
         return 2
@@ -279,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     r.add_argument(
         "--admin-key-file",
-        default=os.environ.get("VERTUMNUS_ADMIN_KEY_FILE", ""),
+        default=os.environ.get(adminkeys.KEY_ENV, ""),
         metavar="PATH",
         help="the operator's key (at least 16 bytes): each pool's Admin token is derived from "
         "it (default $VERTUMNUS_ADMIN_KEY_FILE; the chart mounts its Secret <release>-vertumnus-operator-admin-key)",

@@ -15,8 +15,8 @@ registry on import, which is what ``kopf run`` reads.
 - The operator's metrics (:class:`~vertumnus.operator.metrics.OperatorMetrics`) come in
   the operator-level memo (``kopf.run(memo=kopf.Memo(metrics=...))``), which kopf copies
   into every object's memo; without one, no pool exports series.
-- The operator's key (``--admin-key-file``, ``$VERTUMNUS_ADMIN_KEY_FILE``): each pool's
-  Admin token is derived from it (:mod:`vertumnus.admintoken`).
+- The operator's key and CA (:mod:`.adminkeys`), from ``kopf.run(memo=...)`` or, under
+  ``kopf run``, from the environment: each pool's Admin token and certificate come from them.
 - ``@kopf.on.startup``: kopf's own bookkeeping goes to ``operator.vertumnus.io/*``
   annotations, its finalizer is ``vertumnus.io/finalizer``, and only its warnings become
   Events (the operator posts its own story, :mod:`vertumnus.operator.events`).
@@ -31,39 +31,14 @@ from typing import Any
 
 import kopf
 
-from vertumnus.admintls import read_ca
-from vertumnus.admintoken import read_key
+from vertumnus.operator import adminkeys
 from vertumnus.operator.crd import GROUP, PLURAL, VERSION
 from vertumnus.operator.kube import KubeClient, connection_info
 from vertumnus.operator.pool import PoolRuntime
 from vertumnus.operator.reconcile import Reconciler
 from vertumnus.operator.resources import Owner
 
-__all__ = ["ADMIN_KEY_ENV", "FINALIZER", "admin_key_from_env", "configure", "register"]
-
-ADMIN_KEY_ENV = "VERTUMNUS_ADMIN_KEY_FILE"
-"""The file holding the operator's key, from which each pool's Admin token is derived
-(:mod:`vertumnus.admintoken`); the chart mounts its Secret ``<release>-vertumnus-operator-admin-key`` there."""
-
-
-ADMIN_CA_ENV = ("VERTUMNUS_ADMIN_CA_FILE", "VERTUMNUS_ADMIN_CA_KEY_FILE")
-"""The files of the CA that issues the routers' Admin certificates (:mod:`vertumnus.admintls`)."""
-
-
-def admin_key_from_env() -> bytes:
-    """The operator's key, read from the file ``$VERTUMNUS_ADMIN_KEY_FILE`` names.
-
-    Raises ValueError saying what is missing: the operator does not run pools whose Admin
-    API anyone could call."""
-    path = os.environ.get(ADMIN_KEY_ENV, "")
-    if not path:
-        raise ValueError(
-            f"no admin key: set --admin-key-file or ${ADMIN_KEY_ENV} to a file of at least "
-            "16 random bytes (the chart mounts its Secret <release>-vertumnus-operator-admin-key), e.g. "
-            "head -c 32 /dev/urandom | base64 > admin.key"
-        )
-    return read_key(path)
-
+__all__ = ["FINALIZER", "configure", "register"]
 
 FINALIZER = "vertumnus.io/finalizer"
 ANNOTATION_PREFIX = "operator.vertumnus.io"
@@ -117,12 +92,12 @@ def register(registry: kopf.OperatorRegistry) -> None:
         lifetime = os.environ.get("VERTUMNUS_PEERING_LIFETIME")
         configure(settings, int(lifetime) if lifetime else None)
         if memo.get("admin_key") is None:  # kopf run -m ...kopf_entry: from the environment
+            env = (
+                os.environ.get(v, "")
+                for v in (adminkeys.KEY_ENV, adminkeys.CA_ENV, adminkeys.CA_KEY_ENV)
+            )
             try:
-                memo["admin_key"] = admin_key_from_env()
-                ca, ca_key = (os.environ.get(v, "") for v in ADMIN_CA_ENV)
-                if bool(ca) != bool(ca_key):
-                    raise ValueError(f"${ADMIN_CA_ENV[0]} and ${ADMIN_CA_ENV[1]} go together")
-                memo["admin_ca"] = read_ca(ca, ca_key) if ca else None
+                memo["admin_key"], memo["admin_ca"] = adminkeys.load(*env)
             except ValueError as e:
                 # Stop, saying why: retrying cannot make a missing key appear.
                 raise kopf.PermanentError(f"vertumnus operator: {e}") from None
