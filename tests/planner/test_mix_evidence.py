@@ -124,3 +124,29 @@ def test_capacity_splits_are_not_delayed_by_thin_windows() -> None:
     ws = [window(1.2, 0.3, 0, comp="5xCP8")] * 2
     assert drive(start("5xCP8"), ws, ON) == drive(start("5xCP8"), ws, OFF)
     assert drive(start("5xCP8"), ws, ON)[1] != "5xCP8"
+
+
+def test_a_streak_without_long_requests_keeps_a_bounded_number_of_windows() -> None:
+    """A window that asks for a split by its long share (0 < 0.086) but holds no long
+    request waits for the evidence; the streak goes on, its windows do not pile up (the
+    operator writes them into the CPPool status), and the evidence that comes confirms
+    it from the windows kept."""
+    empty = window(0.1, 0.0, 0)
+    state = start("6xCP4+2xCP8")
+    for _ in range(200):
+        state, ops = step(state, empty, CAP, ON)
+        assert ops == ()
+    assert state.split_streak == 200
+    assert len(state.confirming) == planner.EVIDENCE_WINDOWS_MAX == 64
+    seen = drive(state, [window(0.1, 0.04, 4)] * 2, ON)
+    assert seen[0] == "6xCP4+2xCP8" and seen[1] != "6xCP4+2xCP8"  # 4 + 4 >= 7
+
+
+def test_long_requests_rarer_than_the_evidence_in_the_kept_windows_are_not_read() -> None:
+    # One long request every 12 windows: 7 of them take 73 windows, more than are kept
+    # (64 windows hold at most 6).
+    sparse = [window(0.1, 0.04, 1) if i % 12 == 0 else window(0.1, 0.0, 0) for i in range(200)]
+    assert set(drive(start("6xCP4+2xCP8"), sparse, ON)) == {"6xCP4+2xCP8"}
+    # One every 5: 7 within 35 windows.
+    dense = [window(0.1, 0.04, 1) if i % 5 == 0 else window(0.1, 0.0, 0) for i in range(60)]
+    assert drive(start("6xCP4+2xCP8"), dense, ON)[-1] != "6xCP4+2xCP8"

@@ -322,7 +322,7 @@ class ControllerState:
     last: ``persist_windows`` of them, or (``mix_evidence``, a change that reads
     the long share) the shortest run of the streak's last windows that holds
     ``persist_windows`` windows and enough long requests — the whole streak
-    until it does."""
+    until it does, at most :data:`EVIDENCE_WINDOWS_MAX` windows."""
     target: Composition | None = None
     """Where the transition in progress is heading (multi-step), else None."""
     plan: tuple[WindowObservation, ...] = ()
@@ -431,6 +431,16 @@ def min_long_requests(settings: PlannerSettings) -> int:
     as a substantial change of the mix — gives n ≥ 1/(4·``mix_margin``²).
     """
     return max(1, math.ceil(1.0 / (4.0 * settings.mix_margin**2) - 1e-9))
+
+
+EVIDENCE_WINDOWS_MAX = 64
+"""The most windows a streak that waits for long requests keeps (``mix_evidence``): 21
+minutes of 20 s windows. A mix whose long requests are rarer than
+:func:`min_long_requests` in that many windows is not read (the rules do not act on
+it; the what-if check still can). Without the bound, a streak in a window without long
+requests kept every window it lasted: a pool that served only short requests grew its
+controller state by 4,320 windows a day, and with it the CPPool status the operator
+writes (etcd refuses an object over 1.5 MB)."""
 
 
 def _fresh(w: WindowObservation) -> tuple[float, int, float]:
@@ -1065,7 +1075,7 @@ def _confirm(
         # Keep the shortest suffix of the streak that holds persist_windows windows
         # and enough long requests; the change is confirmed only once it does.
         n_min = min_long_requests(settings)
-        window = (state.confirming + (load,))[-streak:]
+        window = (state.confirming + (load,))[-min(streak, EVIDENCE_WINDOWS_MAX) :]
         # Long requests are counted over the distinct time the windows cover
         # (sliding windows overlap: each request once, :func:`distinct_time`).
         while len(window) > settings.persist_windows and distinct_time(window[1:])[1] >= n_min:
