@@ -6,10 +6,13 @@ controller reading the stand-in router's steady window every hop), and counts th
 ``apiserver_request_total`` the API server reports over ``--seconds`` (every client:
 the operator's share is the part that grows with the pools), and beside it the
 operator's own count (``vertumnus_operator_api_requests_total``, where the operator
-exports it). ``--window`` sets the pools' ``controller.windowSeconds`` (the default
-20 s looks every 2.5 s)::
+exports it), and what the status writes carry: each pool's CPPool as JSON, times its
+PATCHes of the status per second, is what etcd stores and every CPPool watcher receives.
+``--window`` sets the pools' ``controller.windowSeconds`` (the default 20 s looks every
+2.5 s); ``--record-looks-every`` is the operator's flag of that name (by its environment
+variable, which an older checkout ignores)::
 
-    python bench/operator_api_load.py [--pools 4] [--seconds 30] [--window 20]
+    python bench/operator_api_load.py [--pools 4] [--seconds 30] [--window 20] [--record-looks-every S]
 """
 
 from __future__ import annotations
@@ -56,6 +59,12 @@ def main() -> int:
     p.add_argument("--pools", type=int, default=4)
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--window", type=int, default=20, help="controller.windowSeconds of the pools")
+    p.add_argument(
+        "--record-looks-every",
+        default=None,
+        metavar="SECONDS",
+        help="the operator's --record-looks-every (default: the operator's default)",
+    )
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     args = p.parse_args()
     if args.pools < 1 or args.seconds <= 0:
@@ -71,6 +80,11 @@ def main() -> int:
             priority=10,
             name="b",
             metrics_port=free_port_base(1),
+            env=(
+                {}
+                if args.record_looks_every is None
+                else {"VERTUMNUS_RECORD_LOOKS_EVERY": args.record_looks_every}
+            ),
         )
         with operator, fake.FakeRouter() as router:
             router.set_demand(0.5, 10)  # a light, steady window: no transition
@@ -97,6 +111,12 @@ def main() -> int:
             time.sleep(args.seconds)
             after, own_after = _requests(cluster), _own(operator)
             took = time.monotonic() - began
+            sizes = [
+                len(
+                    cluster.kubectl("get", "cppool", f"idle{i}", "-n", "bench", "-o", "json").stdout
+                )
+                for i in range(args.pools)
+            ]
     rates = {k: (after[k] - before[k]) / took for k in after if after[k] > before[k]}
     total = sum(rates.values())
     print(
@@ -115,6 +135,12 @@ def main() -> int:
             print(f"  {r / args.pools:6.2f}/s per pool  {verb} {resource}")
     else:
         print("the operator's own: not exported by this checkout")
+    size = sum(sizes) / len(sizes)
+    writes = rates.get(("PATCH", "cppools/status"), 0.0) / args.pools
+    print(
+        f"a CPPool is {size / 1000:.1f} kB as JSON; {writes:.3f} status writes/s per pool: "
+        f"{size * writes / 1000:.2f} kB/s per pool into etcd and to every CPPool watcher"
+    )
     if args.out:
         Path(args.out).write_text(
             json.dumps(
@@ -127,6 +153,9 @@ def main() -> int:
                     "by_request": {f"{v} {r}": x for (v, r), x in rates.items()},
                     "operator_per_pool": (sum(own.values()) / args.pools) if own_after else None,
                     "operator_by_request": {f"{v} {r}": x for (v, r), x in own.items()},
+                    "record_looks_every": args.record_looks_every,
+                    "cppool_bytes": size,
+                    "status_writes_per_pool_s": writes,
                 },
                 indent=2,
             )

@@ -60,11 +60,13 @@ def _run(args: argparse.Namespace) -> int:
     import kopf
 
     from vertumnus.operator.handlers import configure, register
+    from vertumnus.operator.pool import record_looks_every
 
     try:
         admin_key, admin_ca = adminkeys.load(
             args.admin_key_file, args.admin_ca_file, args.admin_ca_key_file
         )
+        record_looks_s = record_looks_every(args.record_looks_every)
     except ValueError as e:
         print(f"vertumnus operator: error: {e}", file=sys.stderr)
         return 2
@@ -88,7 +90,7 @@ def _run(args: argparse.Namespace) -> int:
             "no admin CA (--admin-ca-file, --admin-ca-key-file): the routers' Admin ports "
             "serve plaintext, and the token crosses the network in clear"
         )
-    memo = kopf.Memo(admin_key=admin_key, admin_ca=admin_ca)
+    memo = kopf.Memo(admin_key=admin_key, admin_ca=admin_ca, record_looks_s=record_looks_s)
     if args.metrics_listen:
         memo["metrics"] = _serve_metrics(args.metrics_listen)
     from vertumnus.gcfreeze import freeze_startup
@@ -266,6 +268,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "it (default $VERTUMNUS_ADMIN_KEY_FILE; the chart mounts its Secret <release>-vertumnus-operator-admin-key)",
     )
     _add_admin_ca_flags(r, env=True)
+    r.add_argument(
+        "--record-looks-every",
+        default=os.environ.get("VERTUMNUS_RECORD_LOOKS_EVERY", ""),
+        metavar="SECONDS",
+        help="write a controller look that decides nothing into the CPPool's status at most "
+        "this often (default 30; $VERTUMNUS_RECORD_LOOKS_EVERY): each write is a PATCH that "
+        "etcd keeps and every CPPool watcher receives, and a look comes every 2.5 s. A look "
+        "that starts a split or merge, or changes what the controller decided, is written at "
+        "once; a restarted operator loses at most these seconds of looks. 0: every look",
+    )
     r.add_argument("--standalone", action="store_true", help="no peering (a single replica)")
     r.add_argument(
         "--priority",

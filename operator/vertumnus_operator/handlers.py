@@ -34,7 +34,7 @@ import kopf
 from vertumnus.operator import adminkeys
 from vertumnus.operator.crd import GROUP, PLURAL, VERSION
 from vertumnus.operator.kube import KubeClient, connection_info
-from vertumnus.operator.pool import PoolRuntime
+from vertumnus.operator.pool import RECORD_LOOKS_ENV, PoolRuntime, record_looks_every
 from vertumnus.operator.reconcile import Reconciler
 from vertumnus.operator.resources import Owner
 
@@ -101,6 +101,11 @@ def register(registry: kopf.OperatorRegistry) -> None:
             except ValueError as e:
                 # Stop, saying why: retrying cannot make a missing key appear.
                 raise kopf.PermanentError(f"vertumnus operator: {e}") from None
+        if memo.get("record_looks_s") is None:  # kopf_entry: from the environment
+            try:
+                memo["record_looks_s"] = record_looks_every(os.environ.get(RECORD_LOOKS_ENV, ""))
+            except ValueError as e:
+                raise kopf.PermanentError(f"vertumnus operator: {e}") from None
         memo["kube"] = KubeClient(connection_info())
         if memo.get("metrics") is not None:  # OperatorMetrics, from kopf.run(memo=...)
             memo["metrics"].api_requests = memo["kube"].requests
@@ -152,6 +157,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
             metrics=None if metrics is None else metrics.pool(namespace or "default", name),
             admin_key=memo["admin_key"],
             admin_ca=memo.get("admin_ca"),
+            record_looks_s=memo["record_looks_s"],
         )
         await runtime.run(stopped)
 

@@ -83,9 +83,30 @@ log = logging.getLogger(__name__)
 ROUTER_ADDRESSES_ENV = "VERTUMNUS_ROUTER_ADDRESSES"
 RESYNC_S = 60.0
 """Seconds between two full re-applies of a pool's objects (between them, only changes)."""
-OBJECT_MAX_AGE_S = 5.0
+OBJECT_MAX_AGE_S = 30.0
 """Seconds a step reuses the CPPool it read last while no watch event says it changed
-(an idle pool reads it every 5 s, not every second; a missed event costs at most this)."""
+(an idle pool reads it twice a minute, not every second; a missed event costs at most
+this)."""
+RECORD_LOOKS_S = 30.0
+"""The default of ``--record-looks-every``: the longest a look that decides nothing waits
+to be written into the status (:attr:`TransitionRunner.record_looks_s`)."""
+RECORD_LOOKS_ENV = "VERTUMNUS_RECORD_LOOKS_EVERY"
+
+
+def record_looks_every(text: str) -> float:
+    """``--record-looks-every`` / ``$VERTUMNUS_RECORD_LOOKS_EVERY``: seconds, >= 0 (empty:
+    the default)."""
+    if not text.strip():
+        return RECORD_LOOKS_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0.0 <= seconds < float("inf"):
+        raise ValueError(
+            f"--record-looks-every (${RECORD_LOOKS_ENV}): expected seconds >= 0, got {text!r}"
+        )
+    return seconds
 
 
 class Stopped(Protocol):
@@ -178,8 +199,10 @@ class PoolRuntime:
         *,
         admin_key: bytes,
         admin_ca: tuple[bytes, bytes] | None = None,
+        record_looks_s: float = RECORD_LOOKS_S,
     ) -> None:
         self.kube = kube
+        self.record_looks_s = record_looks_s
         self.metrics = metrics
         """The pool's Prometheus series (:mod:`.metrics`; None: not exported)."""
         self.name = name
@@ -277,12 +300,25 @@ class PoolRuntime:
                 if interval is None:
                     return
                 await self._sleep(stopped, interval)
+            await self._flush()
         finally:
             await self.reset()
             await self.reconciler.close()
             await self.router_slices.close()
             if self.metrics is not None:
                 self.metrics.forget()
+
+    async def _flush(self) -> None:
+        """The operator stops (or pauses for a peer): write the looks not recorded yet. A
+        peer that already took over and wrote makes this a LostRecord: its record stands."""
+        if self.runner is None:
+            return
+        try:
+            await self.runner.flush()
+        except LostRecord:
+            pass
+        except Exception as e:  # the next operator goes on from the last write instead
+            log.warning("%s/%s: the last looks were not recorded: %s", self.namespace, self.name, e)
 
     def _watch_failed(self, collection: str) -> None:
         if self.metrics is not None:
@@ -528,6 +564,7 @@ class PoolRuntime:
             metrics=self.metrics,
             drain_timeout_s=float(spec.controller.drain_timeout_seconds),
             switch_timeout_s=SWITCH_TIMEOUT_S[spec.engine.kind],
+            record_looks_s=self.record_looks_s,
         )
         if not raw:
             await self.runner.checkpoint()  # the initial layout is recorded before any pod exists
@@ -710,8 +747,10 @@ class PoolRuntime:
 
     async def _write_status_if_changed(self) -> None:
         assert self.runner is not None and self.store is not None
-        view = self._view(self.runner.record)
-        last = {k: v for k, v in self.store.last_status.items() if k != "state"}
+        # lastCheck changes at every look; it goes out with the record's writes
+        # (TransitionRunner.record_looks_s), not as a write of its own.
+        view = {k: v for k, v in self._view(self.runner.record).items() if k != "lastCheck"}
+        last = {k: v for k, v in self.store.last_status.items() if k not in ("state", "lastCheck")}
         if view != last:
             await self.runner.checkpoint()
             self.conditions = list(self.store.last_status.get("conditions") or [])

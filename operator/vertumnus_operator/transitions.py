@@ -19,6 +19,13 @@ Because every phase is recorded before its actions go out and every action is id
 at the router, a runner built from the last record after a crash (:meth:`resume`)
 completes each transition exactly once: same worker ids, same epoch, one commit.
 
+A look of the controller that decides nothing is not recorded at once
+(``record_looks_s``): what it changes (the hop number, the controller's per-look memory,
+the check's estimates in ``status.lastCheck``) goes with the next write, at most that
+many seconds later, or when the pool stops (:meth:`flush`). A look that starts an
+operation, or changes the planner's state or what the controller decided (a streak, a
+lean, a goal, a flap), is recorded before anything is acted on, as before.
+
 State changes happen under one lock (a decision, a drain report, a commit), so what is
 recorded is always a state the state machine produced; the RPCs run outside it, several
 transitions at once (disjoint workers).
@@ -91,6 +98,8 @@ class TransitionRunner:
         retry_s: float = 1.0,
         clock: Callable[[], float] = time.time,
         metrics: PoolMetrics | None = None,
+        record_looks_s: float = 0.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.record = record
         self.store = store
@@ -109,6 +118,16 @@ class TransitionRunner:
         self._annotated: dict[int, int] = {}
         self.failure: BaseException | None = None
         """The first error that stopped a transition task (the runner must be rebuilt)."""
+        self.record_looks_s = record_looks_s
+        """The longest a look that decides nothing waits to be recorded (0: every look is
+        recorded). Each write is a PATCH of the CPPool's status that etcd keeps and every
+        watcher of CPPools receives; a look comes every 2.5 s by default."""
+        self.monotonic = monotonic
+        self._recorded_at = monotonic()
+        """When the record was last written (the record a runner starts from is as
+        recorded)."""
+        self.unrecorded = False
+        """``record`` holds looks that are not written yet (:meth:`flush`)."""
 
     # ---- recording -------------------------------------------------------------------------
 
@@ -122,6 +141,30 @@ class TransitionRunner:
         )
         await self.store.write(record)
         self.record = record
+        self.unrecorded = False
+        self._recorded_at = self.monotonic()
+
+    def _look_due(self, record: Record) -> bool:
+        """Whether a look that started nothing must be recorded now: its interval is up,
+        or it changed more than the hop (the pool, by a refused operation), the
+        planner's state or what the controller decided."""
+        if self.monotonic() - self._recorded_at >= self.record_looks_s:
+            return True
+        if replace(record, hop=self.record.hop) != self.record:
+            return True
+        c, recorded = self.controller, self.record.memory
+        return c is not None and (
+            c.state != self.record.controller
+            or recorded is None
+            or c.memory().decisions() != recorded.decisions()
+        )
+
+    async def flush(self) -> None:
+        """Write the looks not recorded yet (the pool's loop stops: an operator that takes
+        over, or this one restarted, goes on from the last look)."""
+        async with self.lock:
+            if self.unrecorded:
+                await self._write(self.record)
 
     async def checkpoint(self) -> None:
         """Record the current state (e.g. after the controller changed its streaks)."""
@@ -190,7 +233,10 @@ class TransitionRunner:
                     f" ({ops[0].reason})",
                 )
             record, started = await self._begin(record, ops)
-            await self._write(record)
+            if started or self._look_due(record):
+                await self._write(record)
+            else:
+                self.record, self.unrecorded = record, True
         self._spawn(started)
         return tick
 

@@ -238,3 +238,46 @@ def test_run_refuses_to_start_without_a_usable_admin_key(monkeypatch, tmp_path, 
     monkeypatch.setenv("VERTUMNUS_ADMIN_KEY_FILE", str(tmp_path / "missing"))
     assert main(["run", "--standalone"]) == 2
     assert "missing" in capsys.readouterr().err
+
+
+def test_record_looks_every_comes_from_the_flag_or_the_environment(monkeypatch, tmp_path, capsys):
+    """How often a look that decides nothing is written into the status: seconds >= 0
+    from ``--record-looks-every`` or $VERTUMNUS_RECORD_LOOKS_EVERY (also under ``kopf
+    run``), 30 by default; anything else stops the operator, naming the value."""
+    import asyncio
+
+    import kopf
+
+    import vertumnus.gcfreeze
+    from vertumnus.operator.pool import RECORD_LOOKS_S
+
+    memos = []
+    monkeypatch.setattr(kopf, "run", lambda memo, **_: memos.append(memo))
+    monkeypatch.setattr(vertumnus.gcfreeze, "freeze_startup", lambda: None)
+    monkeypatch.delenv("VERTUMNUS_RECORD_LOOKS_EVERY", raising=False)
+    key = tmp_path / "admin.key"
+    key.write_text("k" * 32)
+    run = ["run", "--standalone", "--admin-key-file", str(key)]
+    assert main(run) == 0 and memos[-1]["record_looks_s"] == RECORD_LOOKS_S == 30.0
+    assert main([*run, "--record-looks-every", "0"]) == 0 and memos[-1]["record_looks_s"] == 0.0
+    monkeypatch.setenv("VERTUMNUS_RECORD_LOOKS_EVERY", "7.5")
+    assert main(run) == 0 and memos[-1]["record_looks_s"] == 7.5
+    for bad in ("-1", "soon", "inf", "nan"):
+        assert main([*run, "--record-looks-every", bad]) == 2
+        err = capsys.readouterr().err
+        assert f"($VERTUMNUS_RECORD_LOOKS_EVERY): expected seconds >= 0, got {bad!r}" in err
+
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry)
+    (startup,) = [h for h in registry._activities.get_all_handlers() if h.id == "startup"]
+    monkeypatch.setattr(handlers, "connection_info", lambda: None)
+    monkeypatch.setattr(handlers, "KubeClient", lambda info: object())
+    monkeypatch.setenv(adminkeys.KEY_ENV, str(key))
+    for var in (adminkeys.CA_ENV, adminkeys.CA_KEY_ENV):
+        monkeypatch.delenv(var, raising=False)
+    memo = kopf.Memo()
+    asyncio.run(startup.fn(settings=kopf.OperatorSettings(), memo=memo))
+    assert memo["record_looks_s"] == 7.5
+    monkeypatch.setenv("VERTUMNUS_RECORD_LOOKS_EVERY", "-3")
+    with pytest.raises(kopf.PermanentError, match="expected seconds >= 0, got '-3'"):
+        asyncio.run(startup.fn(settings=kopf.OperatorSettings(), memo=kopf.Memo()))

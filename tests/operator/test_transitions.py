@@ -271,6 +271,85 @@ def test_the_runner_records_the_what_if_check_of_the_listed_placements(router):
     )
 
 
+class Ticks:
+    """A monotonic clock the test moves."""
+
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_look_that_decides_nothing_is_recorded_at_most_every_record_looks_s(router):
+    """Each write is a PATCH of the status; a look comes every 2.5 s. A look that
+    decides nothing waits up to ``record_looks_s`` (its hop goes on in memory, so the
+    next take is the next hop); a look that changes a streak, or starts a split, is
+    recorded at once, the split before anything goes out; a stopping pool flushes."""
+    layout = _layout("2xCP8")
+    controller = _rules_controller(layout)
+    record, store = _fresh("2xCP8")
+    router.set_layout([(s.worker, s.degree, s.domain, s.offset) for s in layout.slots])
+    ticks = Ticks()
+    pods = Pods()
+
+    async def go():
+        admin = RouterAdmin([router.address], "tok")
+        runner = TransitionRunner(
+            record,
+            store,
+            lambda: admin,
+            MemoryEvents(),
+            pods.annotate,
+            controller=controller,
+            retry_s=0.01,
+            record_looks_s=30.0,
+            monotonic=ticks,
+        )
+
+        async def look(hop, at):
+            ticks.now = at
+            tick = await runner.decide(await admin.take_window(hop))
+            await runner.wait()
+            return tick
+
+        router.set_demand(0.5, 10)  # light and steady: the rules ask for nothing
+        await look(1, 1.0)  # no memory recorded yet: written
+        assert len(store.records) == 2 and store.last.hop == 1
+        for hop in range(2, 12):
+            await look(hop, float(hop))
+        assert len(store.records) == 2 and store.last.hop == 1
+        assert runner.record.hop == 11 and runner.unrecorded
+        assert [hop for hop, _ in router.takes] == list(range(1, 12))
+        await look(12, 31.0)  # 30 s since the last write
+        assert len(store.records) == 3 and store.last.hop == 12 and not runner.unrecorded
+        assert store.last.memory == controller.memory() and store.last.memory.evaluations == 12
+        assert store.last.last_check is None  # the rules alone: no what-if check to show
+
+        await look(13, 32.0)
+        assert len(store.records) == 3 and runner.unrecorded
+        await runner.flush()  # the operator stops
+        assert len(store.records) == 4 and store.last.hop == 13 and not runner.unrecorded
+        await runner.flush()
+        assert len(store.records) == 4  # nothing new
+
+        router.set_demand(3.0, 30)  # over capacity: the rules' split streak starts
+        await look(14, 33.0)
+        assert controller.state.split_streak == 1
+        assert len(store.records) == 5 and store.last.controller == controller.state
+        for hop in range(15, 21):
+            tick = await look(hop, 33.0 + hop)
+            if tick is not None and tick.ops:
+                break
+        assert tick is not None and tick.ops, "the split began"
+        # Recorded in Draining, at the look that began it, before the drain went out.
+        began = next(r for r in store.records if r.pool.transitions)
+        assert began.hop == hop and began.pool.transitions[0].phase == tr.Phase.DRAINING
+        await admin.close()
+
+    asyncio.run(go())
+    assert str(store.last.pool.layout.composition) != "2xCP8"
+
+
 def test_a_restarted_operators_controller_takes_its_memory_from_the_record():
     """PoolRuntime builds the controller from the record: the planner's state and the
     controller's memory as recorded; after a reshaping by hand, the planner starts over

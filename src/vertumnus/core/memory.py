@@ -107,6 +107,14 @@ class Memory:
         if self.goal is not None:
             direction(self.goal[0], "goal", empty=False)
 
+    def decisions(self) -> tuple[object, ...]:
+        """What changes only when the controller decides something: the flaps, the last
+        move, the streak, the lean and the goal. The rest (the evaluation count, the last
+        looks, the recall, the learned κ) changes at every look; a shell that records
+        every look's memory may record those parts less often, and a restart then loses
+        only the looks since (``TransitionRunner.record_looks_s`` in the operator)."""
+        return (self.flaps, self.last_move, self.streak, self.lean, self.goal)
+
     def without_plans(self) -> Memory:
         """The facts only: what happened (evaluations, flaps, the last move, the learned
         κ), not what was under way (streak, lean, looks, recall, goal) — for a controller
