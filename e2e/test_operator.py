@@ -593,6 +593,15 @@ def test_the_what_if_check_looks_between_windows(k8s, operator, namespace, fake_
         recorded = wait_for("the controller's memory in the status", 40, memory)
         # (A merge patch drops null fields: no goal, no last move.)
         assert recorded["flaps"] == [] and recorded.get("goal") is None
+        # The CPPool's size as its last status write returned it (etcd's limit is 1.5 MB).
+        size = _sample(
+            operator.scrape(),
+            "vertumnus_operator_pool_object_bytes",
+            namespace=namespace,
+            pool="looks",
+        )
+        compact = len(json.dumps(get_pool(k8s, namespace, "looks"), separators=(",", ":")))
+        assert size is not None and 0.8 * compact < size <= 1.2 * compact, (size, compact)
         k8s.kubectl("delete", "cppool", "looks", "-n", namespace, "--timeout=30s")
 
 

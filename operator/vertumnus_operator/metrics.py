@@ -104,6 +104,7 @@ class _Gauges:
     outdated: int = 0
     problems: dict[tuple[str, str], int] = field(default_factory=dict)
     kappa: dict[int, float] = field(default_factory=dict)
+    object_bytes: int = 0
 
 
 class PoolMetrics:
@@ -151,6 +152,11 @@ class PoolMetrics:
             g.in_flight = len(view.get("transitions") or ())
             g.outdated = outdated
             g.problems = found
+
+    def written(self, object_bytes: int) -> None:
+        """A status write succeeded: the CPPool it returned is ``object_bytes`` of JSON."""
+        with self._lock:
+            self.gauges.object_bytes = object_bytes
 
     def decided(
         self, seconds: float, verdict: str | None, kappa: Mapping[int, float] | None
@@ -377,6 +383,12 @@ class OperatorMetrics(Collector):
             "GangScheduled=False), by condition and reason.",
             ["condition", "reason"],
         )
+        size = gauge(
+            "vertumnus_operator_pool_object_bytes",
+            "The CPPool's size as JSON after the operator's last status write (etcd refuses "
+            "an object over its request limit, 1.5 MB by default; then no status write "
+            "succeeds).",
+        )
         kappa = gauge(
             "vertumnus_controller_kappa",
             "κ per degree the controller's rules read: seconds of predicted prefill work per "
@@ -397,11 +409,25 @@ class OperatorMetrics(Collector):
             ready.add_metric(ls, g.ready_gpus)
             in_flight.add_metric(ls, g.in_flight)
             outdated.add_metric(ls, g.outdated)
+            if g.object_bytes:
+                size.add_metric(ls, g.object_bytes)
             for (cond, reason), n in sorted(g.problems.items()):
                 problem.add_metric([*ls, cond, reason], n)
             for degree, k in sorted(g.kappa.items()):
                 kappa.add_metric([*ls, str(degree)], k)
-        yield from (epoch, workers, info, phase, gpus, ready, in_flight, outdated, problem, kappa)
+        yield from (
+            epoch,
+            workers,
+            info,
+            phase,
+            gpus,
+            ready,
+            in_flight,
+            outdated,
+            size,
+            problem,
+            kappa,
+        )
 
         for name, (doc, label) in _COUNTERS.items():
             counter = CounterMetricFamily(name, doc, labels=[*base, *([label] if label else [])])

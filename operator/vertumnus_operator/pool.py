@@ -551,7 +551,12 @@ class PoolRuntime:
         self.rollout.restore(record.rolling, time.monotonic())
         first, self.loaded = not self.loaded, True
         self.store = StatusStore(
-            self.kube, self.namespace, self.name, self._view, obj["metadata"]["resourceVersion"]
+            self.kube,
+            self.namespace,
+            self.name,
+            self._view,
+            obj["metadata"]["resourceVersion"],
+            written=None if self.metrics is None else self.metrics.written,
         )
         controller = self._controller(record, spec, capacity)
         self.runner = TransitionRunner(

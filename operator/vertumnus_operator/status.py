@@ -19,6 +19,7 @@ never both advance the pool).
 from __future__ import annotations
 
 import datetime
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -318,8 +319,11 @@ class StatusStore:
         name: str,
         view: Callable[[Record], dict[str, Any]],
         resource_version: str,
+        written: Callable[[int], None] | None = None,
     ) -> None:
         self.kube = kube
+        self.written = written
+        """Told the size of the CPPool (JSON bytes) each write returns (the pool's gauge)."""
         self.path = object_path(f"{GROUP}/{VERSION}", PLURAL, namespace, name)
         self.view = view
         self.resource_version = resource_version
@@ -350,5 +354,7 @@ class StatusStore:
             self.resource_version = obj["metadata"]["resourceVersion"]
             self.last_status = status
             self.latest, self.latest_at = obj, sent
+            if self.written is not None:
+                self.written(len(json.dumps(obj, separators=(",", ":"))))
             return
         raise LostRecord("the CPPool kept changing under 20 status writes in a row")

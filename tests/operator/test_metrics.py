@@ -72,6 +72,10 @@ def test_a_pools_gauges_follow_its_status():
     assert value(s, "vertumnus_operator_pool_ready_gpus", **at) == 32
     assert value(s, "vertumnus_operator_pool_phase", **at, phase="Ready") == 1
     assert value(s, "vertumnus_operator_pool_outdated_pods", **at) == 0
+    # The CPPool's size is known once a status write returned it (StatusStore.written).
+    assert series(s, "vertumnus_operator_pool_object_bytes") == []
+    pool.written(10_312)
+    assert value(scrape(metrics), "vertumnus_operator_pool_object_bytes", **at) == 10_312
 
 
 def test_a_transition_in_flight_counts_and_shows_its_phase():

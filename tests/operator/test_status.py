@@ -204,11 +204,16 @@ def test_status_writes_retry_a_conflict_and_refuse_a_takeover():
     async def go():
         runner, kube = await _serve(api)
         try:
-            store = StatusStore(kube, "ns", "p", lambda r: {"epoch": r.pool.epoch}, "1")
+            sizes: list[int] = []
+            store = StatusStore(
+                kube, "ns", "p", lambda r: {"epoch": r.pool.epoch}, "1", written=sizes.append
+            )
             rec = _record()
             sent = time.monotonic()
             await store.write(Record(rec.pool, seq=1))
             assert api.obj["status"]["state"]["seq"] == 1
+            # The size of the object the write returned, for the pool's gauge.
+            assert sizes == [len(json.dumps(api.obj, separators=(",", ":")))]
             # The object the write returned, stamped with when it was sent: the pool's loop
             # reuses it instead of reading the CPPool again.
             assert store.latest == api.obj and sent <= store.latest_at <= time.monotonic()
