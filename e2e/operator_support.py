@@ -30,6 +30,11 @@ PROMTEXT = ROOT / "tests" / "operator" / "promtext.py"
 RELEASE = "vt"
 SYSTEM_NAMESPACE = "vertumnus-system"
 SERVICE_ACCOUNT = f"{RELEASE}-vertumnus-operator"
+OPERATOR_POD_LABELS = (
+    f"app.kubernetes.io/component=operator,app.kubernetes.io/instance={RELEASE},"
+    "app.kubernetes.io/name=vertumnus"
+)
+"""The chart's operator pods' labels (its ``vertumnus.selector``)."""
 CPPOOLS = "/apis/vertumnus.io/v1alpha1"
 FAKE_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
 
@@ -208,6 +213,11 @@ class OperatorProcess:
             VERTUMNUS_ADMIN_CA_FILE=str(admin_files(self.kubeconfig)["ca.crt"]),
             VERTUMNUS_ADMIN_CA_KEY_FILE=str(admin_files(self.kubeconfig)["ca.key"]),
             POD_NAME=self.name,
+            # Each pool's NetworkPolicies, as the chart's Deployment asks for them (its
+            # operator pods' namespace and labels: the routers' Admin port takes only them).
+            VERTUMNUS_POOL_NETWORK_POLICIES="true",
+            POD_NAMESPACE=SYSTEM_NAMESPACE,
+            VERTUMNUS_OPERATOR_POD_LABELS=OPERATOR_POD_LABELS,
             PYTHONUNBUFFERED="1",
             **self.extra_env,
         )

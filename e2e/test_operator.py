@@ -135,24 +135,33 @@ def test_helm_lint_and_template_are_clean(k8s, tmp_path):
         assert "kind: Deployment" in out and "kind: NetworkPolicy" in out
         docs = [d for d in yaml.safe_load_all(out) if d]
         (dep,) = [d for d in docs if d["kind"] == "Deployment"]
-        # The routers' Admin port (drain, switch) takes only the operator's pods; their
-        # grpc port takes every client. In every namespace the operator watches.
-        routers = [
-            d
+        # Every pool gets NetworkPolicies of its own from the operator, in whatever
+        # namespace: the chart asks for them with the operator pods' namespace and labels
+        # (the routers' Admin port takes only those pods), and lets it make them.
+        (container,) = dep["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") or e.get("valueFrom") for e in container["env"]}
+        assert env["VERTUMNUS_POOL_NETWORK_POLICIES"] == "true"
+        assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+        labels = dict(kv.split("=") for kv in env["VERTUMNUS_OPERATOR_POD_LABELS"].split(","))
+        assert labels.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+        assert labels == {
+            "app.kubernetes.io/name": "vertumnus",
+            "app.kubernetes.io/instance": "t",
+            "app.kubernetes.io/component": "operator",
+        }
+        granted = [
+            r
             for d in docs
-            if d["kind"] == "NetworkPolicy"
-            and d["metadata"]["name"] == "t-vertumnus-operator-routers"
+            if d["kind"] in ("ClusterRole", "Role")
+            for r in d["rules"]
+            if "networkpolicies" in r["resources"]
         ]
-        assert {d["metadata"]["namespace"] for d in routers} == (
-            {"a", "b", "x"} if extra else {"x"}
-        )
-        for policy in routers:
-            rules = {r["ports"][0]["port"]: r.get("from") for r in policy["spec"]["ingress"]}
-            assert set(rules) == {"grpc", "admin", "metrics"} and rules["grpc"] is None
-            ((peer,),) = [rules["admin"]]
-            assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "x"}
-            selector = peer["podSelector"]["matchLabels"]
-            assert selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+        assert granted and all(
+            r["verbs"] == ["list", "create", "patch", "delete"] for r in granted
+        ), granted
+        assert {d["metadata"]["name"] for d in docs if d["kind"] == "NetworkPolicy"} == {
+            "t-vertumnus-operator"
+        }  # the pools' are the operator's to make
         if extra:
             # The operator's metrics: served, exposed by a Service, scraped, let through.
             (container,) = dep["spec"]["template"]["spec"]["containers"]
@@ -232,19 +241,11 @@ def test_helm_lint_and_template_are_clean(k8s, tmp_path):
         k8s, "template", "t", str(ops.CHART), "--set", "grafana.dashboards=false", home=tmp_path
     ).stdout
     assert "grafana_dashboard" not in off
-    # The pools' policies for a watched namespace other than the release's: the API server
-    # takes them (named ports, the operator's namespace and pod selector).
-    watched = ops.helm(
-        k8s, "template", "t", str(ops.CHART), "-n", "vertumnus-system",
-        "--set", "operator.watchNamespaces={default}",
-        "--show-only", "templates/networkpolicy.yaml", home=tmp_path,
+    # Without networkPolicy.pools: no pool policies asked for, none allowed.
+    closed = ops.helm(
+        k8s, "template", "t", str(ops.CHART), "--set", "networkPolicy.pools=false", home=tmp_path
     ).stdout  # fmt: skip
-    policies = [
-        d for d in yaml.safe_load_all(watched) if d and d["metadata"]["namespace"] == "default"
-    ]
-    assert len(policies) == 3, policies
-    for policy in policies:
-        k8s.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(policy))
+    assert "VERTUMNUS_POOL_NETWORK_POLICIES" not in closed and "networkpolicies" not in closed
 
 
 @pytest.mark.parametrize("example", ["cppool.yaml", "cppool-sglang.yaml"])
@@ -384,6 +385,16 @@ def test_the_service_account_has_only_what_it_needs(k8s, chart):
             },
             "spec.engine.transfer.rdma.resource",
             "requested already",
+        ),
+        (
+            {"gpus": 16, "engine": {"transfer": {"from": [{"podSelector": {}}]}}},
+            "spec.engine.transfer.from",
+            "SGLang engines only",
+        ),
+        (
+            {"gpus": 16, "engine": {"kind": "sglang", "transfer": {"from": [{}]}}},
+            "spec.engine.transfer.from[0]",
+            "should have at least 1 properties",
         ),
     ],
 )
@@ -1273,6 +1284,72 @@ def test_a_node_drain_evicts_one_router_at_a_time(k8s, operator, namespace, fake
         k8s.kubectl("delete", "cppool", "rdrain", "-n", namespace, "--timeout=30s")
 
 
+def test_every_pool_gets_network_policies_of_its_own(k8s, operator, namespace):
+    """In a namespace the chart knows nothing of, the operator gives the pool its own
+    policies: the routers' Admin port only from the operator's pods, the engines only from
+    this pool's routers and engines. An SGLang pool's engines also take its decode servers
+    (``spec.engine.transfer.from``), which the API server accepts as peers."""
+    from vertumnus.operator import networkpolicy as netpol
+    from vertumnus.operator import resources as res
+    from vertumnus.operator.crd import parse_spec
+
+    with gpu_nodes(k8s, 1) as label:
+        ops.apply(k8s, cppool("guarded", namespace, 8, label))
+        wait_for("Ready", 30, _ready(k8s, namespace, "guarded"))
+
+        def policies():
+            out = k8s.kubectl(
+                "get", "networkpolicies", "-n", namespace, "-l", "vertumnus.io/pool=guarded",
+                "-o", "json",
+            ).stdout  # fmt: skip
+            return {p["metadata"]["name"]: p for p in json.loads(out)["items"]} or None
+
+        found = wait_for("the pool's policies", 10, policies)
+        assert set(found) == {"guarded-routers", "guarded-engines"}  # no managed Redis
+        pool_uid = get_pool(k8s, namespace, "guarded")["metadata"]["uid"]
+        for p in found.values():
+            assert p["metadata"]["ownerReferences"][0]["uid"] == pool_uid
+        routers = found["guarded-routers"]["spec"]
+        assert routers["podSelector"]["matchLabels"] == {
+            "vertumnus.io/pool": "guarded",
+            "app.kubernetes.io/component": "router",
+        }
+        by_port = {r["ports"][0]["port"]: r.get("from") for r in routers["ingress"]}
+        assert by_port["grpc"] is None and by_port["metrics"] is None  # any client, scraper
+        (admin,) = by_port["admin"]
+        assert admin["namespaceSelector"]["matchLabels"] == {
+            "kubernetes.io/metadata.name": ops.SYSTEM_NAMESPACE
+        }
+        labels = dict(kv.split("=") for kv in ops.OPERATOR_POD_LABELS.split(","))
+        assert admin["podSelector"]["matchLabels"] == labels
+        (engines_rule,) = found["guarded-engines"]["spec"]["ingress"]
+        assert [p["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+                for p in engines_rule["from"]] == ["router", "engine"]  # fmt: skip
+        assert all(
+            p["podSelector"]["matchLabels"]["vertumnus.io/pool"] == "guarded"
+            for p in engines_rule["from"]
+        )
+        k8s.kubectl("delete", "cppool", "guarded", "-n", namespace, "--timeout=30s")
+
+    decode = [{"namespaceSelector": {"matchLabels": {"team": "decode"}},
+               "podSelector": {"matchLabels": {"role": "decode"}}}]  # fmt: skip
+    spec = parse_spec(
+        {
+            "gpus": 8,
+            "engine": {"image": "img", "kind": "sglang", "transfer": {"from": decode}},
+            "model": {"path": "/models/m"},
+        }
+    )
+    owner = res.Owner("sg", namespace, "00000000-0000-0000-0000-000000000001")
+    peers = netpol.Peers(ops.SYSTEM_NAMESPACE, labels)
+    rendered = netpol.pool_policies(spec, owner, peers)
+    engines = [p for p in rendered if p["metadata"]["name"] == "sg-engines"][0]
+    assert engines["spec"]["ingress"][1] == {"from": decode}
+    for policy in rendered:
+        policy["metadata"].pop("ownerReferences")  # no such CPPool: only the shape is checked
+        k8s.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(policy))
+
+
 def test_deleting_the_pool_removes_everything_it_made(k8s, operator, namespace):
     with gpu_nodes(k8s, 1) as label:
         ops.apply(k8s, cppool("doomed", namespace, 8, label, redis={"mode": "managed"}))
@@ -1280,7 +1357,7 @@ def test_deleting_the_pool_removes_everything_it_made(k8s, operator, namespace):
         selector = "vertumnus.io/pool=doomed"
         kinds = (
             "pods,deployments,services,configmaps,secrets,poddisruptionbudgets,"
-            "podgroups.scheduling.k8s.io"
+            "podgroups.scheduling.k8s.io,networkpolicies"
         )
         made = k8s.kubectl(
             "get", kinds, "-n", namespace, "-l", selector, "-o", "name"
@@ -1290,8 +1367,14 @@ def test_deleting_the_pool_removes_everything_it_made(k8s, operator, namespace):
         )
         assert "poddisruptionbudget.policy/doomed-domains" in made, made
         assert "poddisruptionbudget.policy/doomed-router" in made, made
-        assert len(made) >= 10, made
+        for policy in ("doomed-routers", "doomed-redis", "doomed-engines"):
+            assert f"networkpolicy.networking.k8s.io/{policy}" in made, made
+        assert len(made) >= 13, made
         k8s.kubectl("delete", "cppool", "doomed", "-n", namespace, "--timeout=30s")
+        left = k8s.kubectl(
+            "get", "networkpolicies", "-n", namespace, "-l", selector, "-o", "name"
+        ).stdout.split()
+        assert left == [], left
         assert (
             k8s.kubectl(
                 "get", "podgroups.scheduling.k8s.io", "doomed", "-n", namespace, check=False

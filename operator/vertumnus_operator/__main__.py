@@ -37,6 +37,7 @@ import zlib
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from vertumnus.operator import adminkeys
 
@@ -67,6 +68,7 @@ def _run(args: argparse.Namespace) -> int:
             args.admin_key_file, args.admin_ca_file, args.admin_ca_key_file
         )
         record_looks_s = record_looks_every(args.record_looks_every)
+        policies = _policies(args)
     except ValueError as e:
         print(f"vertumnus operator: error: {e}", file=sys.stderr)
         return 2
@@ -90,7 +92,9 @@ def _run(args: argparse.Namespace) -> int:
             "no admin CA (--admin-ca-file, --admin-ca-key-file): the routers' Admin ports "
             "serve plaintext, and the token crosses the network in clear"
         )
-    memo = kopf.Memo(admin_key=admin_key, admin_ca=admin_ca, record_looks_s=record_looks_s)
+    memo = kopf.Memo(
+        admin_key=admin_key, admin_ca=admin_ca, record_looks_s=record_looks_s, policies=policies
+    )
     if args.metrics_listen:
         memo["metrics"] = _serve_metrics(args.metrics_listen)
     from vertumnus.gcfreeze import freeze_startup
@@ -129,6 +133,57 @@ def _add_admin_ca_flags(p: argparse.ArgumentParser, env: bool) -> None:
                 else ""
             ),
         )
+
+
+def _add_policy_flags(p: argparse.ArgumentParser, env: bool) -> None:
+    """The flags of each pool's NetworkPolicies (:mod:`vertumnus.operator.networkpolicy`);
+    ``env``: their defaults from the environment the chart sets."""
+
+    def default(var: str) -> str:
+        return os.environ.get(var, "") if env else ""
+
+    p.add_argument(
+        "--pool-network-policies",
+        action="store_true",
+        default=default("VERTUMNUS_POOL_NETWORK_POLICIES") == "true",
+        help="give every pool NetworkPolicies of its own, in whatever namespace it lives: its "
+        "routers' Admin port only from the operator's pods, its Redis only from its routers, "
+        "its engines only from its routers and engines (and an SGLang pool's decode servers, "
+        "spec.engine.transfer.from); needs --operator-pod-labels and the operator's namespace"
+        + (" (default $VERTUMNUS_POOL_NETWORK_POLICIES=true)" if env else ""),
+    )
+    p.add_argument(
+        "--operator-namespace",
+        default=default("POD_NAMESPACE"),
+        help="the operator's own namespace" + (" (default $POD_NAMESPACE)" if env else ""),
+    )
+    p.add_argument(
+        "--operator-pod-labels",
+        default=default("VERTUMNUS_OPERATOR_POD_LABELS"),
+        metavar="K=V,...",
+        help="labels of the operator's pods: the only pods the routers' Admin port takes"
+        + (" (default $VERTUMNUS_OPERATOR_POD_LABELS)" if env else ""),
+    )
+    p.add_argument(
+        "--router-metrics-from",
+        default=default("VERTUMNUS_ROUTER_METRICS_FROM"),
+        metavar="JSON",
+        help="who may scrape the routers' metrics port: a JSON list of NetworkPolicyPeers "
+        "(empty: anyone" + ("; default $VERTUMNUS_ROUTER_METRICS_FROM)" if env else ")"),
+    )
+
+
+def _policies(args: argparse.Namespace) -> Any:
+    """The flags' :class:`~vertumnus.operator.networkpolicy.Peers` (None: no policies);
+    ValueError names a bad flag."""
+    from vertumnus.operator import networkpolicy as netpol
+
+    return netpol.peers_from(
+        args.pool_network_policies,
+        args.operator_namespace,
+        args.operator_pod_labels,
+        args.router_metrics_from,
+    )
 
 
 def _serve_metrics(listen: str) -> object:
@@ -195,12 +250,14 @@ def _render(args: argparse.Namespace) -> int:
     from vertumnus.operator import resources as res
     from vertumnus.operator.crd import SpecError, parse_spec
     from vertumnus.operator.gang import backend_for
+    from vertumnus.operator.networkpolicy import pool_policies
     from vertumnus.operator.reconcile import pool_objects
 
     try:
         admin_key, admin_ca = adminkeys.load(
             args.admin_key_file, args.admin_ca_file, args.admin_ca_key_file, need_key=False
         )
+        policies = _policies(args)
     except ValueError as e:
         print(f"vertumnus operator: error: {e}", file=sys.stderr)
         return 2
@@ -228,6 +285,8 @@ def _render(args: argparse.Namespace) -> int:
             items.append(group)
         tls_on = admin_ca is not None and spec.router.admin_tls
         items += pool_objects(spec, owner, pool.layout, pool.epoch, tls_on)
+        if policies is not None:
+            items += pool_policies(spec, owner, policies)
         if admin_key is not None:
             token = pool_token(admin_key, owner.namespace, owner.name, owner.uid)
             tls = None
@@ -278,6 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "that starts a split or merge, or changes what the controller decided, is written at "
         "once; a restarted operator loses at most these seconds of looks. 0: every look",
     )
+    _add_policy_flags(r, env=True)
     r.add_argument("--standalone", action="store_true", help="no peering (a single replica)")
     r.add_argument(
         "--priority",
@@ -323,6 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "operator would (without it the Secret is left out: the routers wait for it)",
     )
     _add_admin_ca_flags(d, env=False)
+    _add_policy_flags(d, env=False)
     args = p.parse_args(argv)
     return {"run": _run, "crds": _crds, "render": _render}[args.command](args)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vertumnus.core import planner
@@ -92,7 +92,14 @@ class EngineSpec:
     """A device-plugin resource with the pod's RDMA NICs (e.g. ``rdma/rdma_shared_device_a``);
     empty: none requested."""
     rdma_count: int = 1
+    transfer_from: tuple[Mapping[str, Any], ...] | None = field(default=None, hash=False)
+    """The decode servers that reach the engines for their KV (NetworkPolicyPeers, as in a
+    NetworkPolicy's ``from``): the pool's engine policy lets them in on every port (SGLang's
+    bootstrap and transfer ports). None: anyone may (engine.kind sglang); empty: none."""
 
+
+PEER_KEYS = ("podSelector", "namespaceSelector", "ipBlock")
+"""What a NetworkPolicyPeer holds (``spec.engine.transfer.from``)."""
 
 RESOURCE_NAME = re.compile(
     r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
@@ -266,6 +273,25 @@ class PoolSpec:
 # ---------------------------------------------------------------------------
 # Parsing
 # ---------------------------------------------------------------------------
+
+
+def _peers(raw: Any, path: str) -> tuple[Mapping[str, Any], ...]:
+    """NetworkPolicyPeers: each a mapping of some of :data:`PEER_KEYS` (the API server
+    checks the selectors when the policy is applied)."""
+    if not isinstance(raw, list):
+        raise SpecError(path, f"Invalid value: expected a list of peers, got {raw!r}")
+    for i, peer in enumerate(raw):
+        if not isinstance(peer, Mapping) or not peer or set(peer) - set(PEER_KEYS):
+            raise SpecError(
+                f"{path}[{i}]",
+                f"Invalid value: {peer!r}: a NetworkPolicyPeer of {', '.join(PEER_KEYS)}",
+            )
+        for key, value in peer.items():
+            if not isinstance(value, Mapping):
+                raise SpecError(
+                    f"{path}[{i}].{key}", f"Invalid value: expected an object, got {value!r}"
+                )
+    return tuple(dict(p) for p in raw)
 
 
 def _obj(raw: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
@@ -467,6 +493,13 @@ def parse_spec(
             f"{tp}.rdma",
             "Forbidden: RDMA devices are for SGLang's KV transfer engine (engine.kind: sglang)",
         )
+    if "from" in transfer:
+        engine = replace(engine, transfer_from=_peers(transfer["from"], f"{tp}.from"))
+        if engine.kind != "sglang":
+            raise SpecError(
+                f"{tp}.from",
+                "Forbidden: decode servers fetch KV from SGLang engines only (engine.kind: sglang)",
+            )
     if engine.kind == "sglang":
         # What an SGLang server cannot take (vertumnus.worker.sglang.command).
         if engine.dtype == "float64":

@@ -32,6 +32,7 @@ from typing import Any
 import kopf
 
 from vertumnus.operator import adminkeys
+from vertumnus.operator import networkpolicy as netpol
 from vertumnus.operator.crd import GROUP, PLURAL, VERSION
 from vertumnus.operator.kube import KubeClient, connection_info
 from vertumnus.operator.pool import RECORD_LOOKS_ENV, PoolRuntime, record_looks_every
@@ -102,8 +103,15 @@ def register(registry: kopf.OperatorRegistry) -> None:
                 # Stop, saying why: retrying cannot make a missing key appear.
                 raise kopf.PermanentError(f"vertumnus operator: {e}") from None
         if memo.get("record_looks_s") is None:  # kopf_entry: from the environment
+            getenv = os.environ.get
             try:
-                memo["record_looks_s"] = record_looks_every(os.environ.get(RECORD_LOOKS_ENV, ""))
+                memo["record_looks_s"] = record_looks_every(getenv(RECORD_LOOKS_ENV, ""))
+                memo["policies"] = netpol.peers_from(
+                    getenv(netpol.ENABLE_ENV, "") == "true",
+                    getenv(netpol.NAMESPACE_ENV, ""),
+                    getenv(netpol.LABELS_ENV, ""),
+                    getenv(netpol.METRICS_FROM_ENV, ""),
+                )
             except ValueError as e:
                 raise kopf.PermanentError(f"vertumnus operator: {e}") from None
         memo["kube"] = KubeClient(connection_info())
@@ -158,6 +166,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
             admin_key=memo["admin_key"],
             admin_ca=memo.get("admin_ca"),
             record_looks_s=memo["record_looks_s"],
+            policies=memo.get("policies"),
         )
         await runtime.run(stopped)
 
@@ -181,5 +190,5 @@ def register(registry: kopf.OperatorRegistry) -> None:
     ) -> None:
         backend = str((spec.get("gang") or {}).get("backend", "native"))
         owner = Owner(name, namespace or "default", uid)
-        n = await Reconciler(memo["kube"], owner).delete_all(backend)
+        n = await Reconciler(memo["kube"], owner, policies=memo.get("policies")).delete_all(backend)
         logger.info("deleted %d objects of pool %s/%s", n, namespace, name)

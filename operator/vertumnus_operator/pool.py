@@ -57,6 +57,7 @@ from vertumnus.operator.events import KubeEvents
 from vertumnus.operator.informer import Informer
 from vertumnus.operator.kube import KubeClient, NotFound, object_path
 from vertumnus.operator.metrics import PoolMetrics
+from vertumnus.operator.networkpolicy import Peers
 from vertumnus.operator.reconcile import Reconciler
 from vertumnus.operator.record import LostRecord, Record, decode_record
 from vertumnus.operator.repairs import Repairs
@@ -200,6 +201,7 @@ class PoolRuntime:
         admin_key: bytes,
         admin_ca: tuple[bytes, bytes] | None = None,
         record_looks_s: float = RECORD_LOOKS_S,
+        policies: Peers | None = None,
     ) -> None:
         self.kube = kube
         self.record_looks_s = record_looks_s
@@ -212,7 +214,7 @@ class PoolRuntime:
         self.admin_token = pool_token(admin_key, namespace, name, uid)
         """What this pool's routers require of an Admin call: written into its Secret,
         sent on every call; derived, so that a restarted operator needs no Secret back."""
-        self.reconciler = Reconciler(kube, self.owner, self.admin_token)
+        self.reconciler = Reconciler(kube, self.owner, self.admin_token, policies)
         self.admin_ca = admin_ca
         """The operator's CA (certificate, key: PEM), which issues the pool's routers the
         Admin port's certificate; None: Admin in plaintext."""
@@ -664,7 +666,9 @@ class PoolRuntime:
                 "it at start; each finishes the requests it holds before it stops). The domain "
                 "pods are not restarted",
             )
-        if (old.engine, old.gang, old.scheduling) != (spec.engine, spec.gang, spec.scheduling):
+        # The decode servers' peers go into the engines' NetworkPolicy, not their pods.
+        engines = replace(old.engine, transfer_from=None), replace(spec.engine, transfer_from=None)
+        if (engines[0], old.gang, old.scheduling) != (engines[1], spec.gang, spec.scheduling):
             if spec.update_strategy.type == "RollingUpdate" and old.gang == spec.gang:
                 partition = spec.update_strategy.partition
                 await self.events.post(

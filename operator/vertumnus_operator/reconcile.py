@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from vertumnus.core.lattice import Layout
+from vertumnus.operator import networkpolicy as netpol
 from vertumnus.operator import resources as res
 from vertumnus.operator.crd import PoolSpec
 from vertumnus.operator.gang import GangBackend, GangStatus, backend_for
@@ -66,15 +67,25 @@ def path_of(obj: Mapping[str, Any]) -> str:
         "Secret": "secrets",
         "PodGroup": "podgroups",
         "PodDisruptionBudget": "poddisruptionbudgets",
+        "NetworkPolicy": "networkpolicies",
     }[kind]
     meta = obj["metadata"]
     return object_path(obj["apiVersion"], plural, meta["namespace"], meta["name"])
 
 
 class Reconciler:
-    def __init__(self, kube: KubeClient, owner: res.Owner, admin_token: str = "") -> None:
+    def __init__(
+        self,
+        kube: KubeClient,
+        owner: res.Owner,
+        admin_token: str = "",
+        policies: netpol.Peers | None = None,
+    ) -> None:
         self.kube = kube
         self.owner = owner
+        self.policies = policies
+        """Who the pool's NetworkPolicies let in (:mod:`.networkpolicy`); None: the operator
+        makes none (``--pool-network-policies`` off; then it may not touch them either)."""
         self.admin_token = admin_token
         """The pool's Admin token, written into its Secret by :meth:`apply` (only
         :meth:`delete_all` goes without one)."""
@@ -133,6 +144,7 @@ class Reconciler:
         objs = [
             res.admin_secret(owner, self.admin_token, tls),
             *pool_objects(spec, owner, layout, epoch, admin_tls=tls is not None),
+            *([] if self.policies is None else netpol.pool_policies(spec, owner, self.policies)),
         ]
         await asyncio.gather(*(self._apply(o) for o in objs))
         if spec.redis.mode == "managed" and not self._secret_done:
@@ -329,7 +341,10 @@ class Reconciler:
         if self._redis_cleaned:
             return
         ns, name = self.owner.namespace, f"{self.owner.name}-redis"
-        for api, plural in (("apps/v1", "deployments"), ("v1", "services"), ("v1", "secrets")):
+        kinds = [("apps/v1", "deployments"), ("v1", "services"), ("v1", "secrets")]
+        if self.policies is not None:
+            kinds.append(("networking.k8s.io/v1", "networkpolicies"))
+        for api, plural in kinds:
             path = object_path(api, plural, ns, name)
             self._applied.pop(path, None)
             await self.kube.delete(path)
@@ -342,13 +357,16 @@ class Reconciler:
         selector = f"{res.LABEL_POOL}={name}"
         n = 0
         paths = []
-        for api, plural in (
+        kinds = [
             ("v1", "pods"),
             ("apps/v1", "deployments"),
             ("v1", "services"),
             ("v1", "configmaps"),
             ("policy/v1", "poddisruptionbudgets"),
-        ):
+        ]
+        if self.policies is not None:
+            kinds.append(("networking.k8s.io/v1", "networkpolicies"))
+        for api, plural in kinds:
             for item in await self.kube.list(object_path(api, plural, ns), selector):
                 refs = item["metadata"].get("ownerReferences") or []
                 if any(r.get("uid") == self.owner.uid for r in refs):

@@ -133,7 +133,7 @@ def test_every_cel_rule_names_its_field():
         return out
 
     found = rules(_schema())
-    assert len(found) == 14
+    assert len(found) == 15
     assert all(r.get("fieldPath", "").startswith(".") and r.get("message") for r in found)
 
 
