@@ -1,6 +1,6 @@
 """Router overhead: placement latency and throughput through gRPC with instant workers (issue 10).
 
-    python bench/router_overhead.py [--seconds 20] [--concurrency 64] [--redis] [--json OUT] [--profile]
+    python bench/router_overhead.py [--seconds 20] [--concurrency 64] [--redis] [--tls] [--json OUT] [--profile]
 
 The router runs in this process, on its event loop (one core for the Python
 side); an engine that answers at once (``bench/instant_engine.py``: 8 ranks
@@ -16,7 +16,9 @@ CPU seconds per request; **placement** latency p50 / p99 / max (validation
 + admission + hashing + ``schedule``, exact samples); the clients' end-to-end
 latency p50 / p99; and with ``--profile``, where the router's time goes (the
 top of a cProfile of its process). ``--redis`` starts a ``redis-server``
-and puts the index and the load board in it (``--redis-url`` uses one).
+and puts the index and the load board in it (``--redis-url`` uses one). ``--tls``
+serves the public port over TLS (a certificate from a CA made for the run; the clients
+verify it), as a CPPool with ``spec.router.tls`` does; the bare proxy stays plaintext.
 """
 
 from __future__ import annotations
@@ -49,12 +51,15 @@ def _pct(xs: list[float], q: float) -> float:
 # -- the client process ----------------------------------------------------------------
 
 
-async def _clients(target: str, seconds: float, concurrency: int, seed: int) -> dict[str, object]:
+async def _clients(
+    target: str, seconds: float, concurrency: int, seed: int, ca: str = "", name: str = ""
+) -> dict[str, object]:
     import random
 
     import grpc
 
     from vertumnus._proto import pool_pb2, pool_pb2_grpc
+    from vertumnus.channels import channel
 
     rng = random.Random(seed)
     heads = [[rng.randrange(256) for _ in range(64)] for _ in range(16)]
@@ -63,7 +68,7 @@ async def _clients(target: str, seconds: float, concurrency: int, seed: int) -> 
     count = 0
     loop = asyncio.get_running_loop()
     stop_at = loop.time() + seconds
-    async with grpc.aio.insecure_channel(target) as ch:
+    async with channel(target, ca, name, aio=True) as ch:
         stub = pool_pb2_grpc.PrefillStub(ch)
 
         async def caller(c: int) -> None:
@@ -130,7 +135,7 @@ async def _measure(target: str, args: argparse.Namespace) -> tuple[dict[str, obj
     """Clients against ``target`` for ``--seconds``: (their result, wall s, this process's CPU s)."""
     cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     result = await asyncio.to_thread(
-        _client_run, target, args.seconds, args.concurrency, 2, args.others_cpus
+        _client_run, target, args.seconds, args.concurrency, 2, args.others_cpus, args.client_tls
     )
     wall = time.perf_counter() - wall0
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -215,11 +220,26 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
             from vertumnus.router.mirror import redis_store_for
 
             store = redis_store_for(url, "bench", "cpu-tiny")
+        tls = {}
+        if args.tls:
+            import datetime
+
+            from vertumnus.admintls import issue, new_ca
+
+            now = datetime.datetime.now(datetime.UTC)
+            ca = new_ca("bench-ca", now, days=1)
+            issued = issue(ca[0], ca[1], "bench-router", now)
+            files = {"ca.crt": ca[0], "tls.crt": issued.cert_pem, "tls.key": issued.key_pem}
+            for name, pem in files.items():
+                (Path(tmp.name) / name).write_bytes(pem)
+            tls = {"tls_cert_file": f"{tmp.name}/tls.crt", "tls_key_file": f"{tmp.name}/tls.key"}
+            args.client_tls = (f"{tmp.name}/ca.crt", "bench-router")
         settings = RouterSettings(
             listen=f"127.0.0.1:{_free_base(1)}",
             metrics_listen="",
             profile="cpu-tiny",
             admission_limit=max(1024, 4 * args.concurrency),
+            **tls,
         )
         running = await start_router(
             settings, [f"127.0.0.1:{base}"], store=store, discover_timeout_s=30
@@ -227,8 +247,9 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
         router = running.router
         # Warm up: a few seconds to fill the index and the connections.
         await asyncio.to_thread(
-            _client_run, running.address, 2.0, args.concurrency, 1, args.others_cpus
-        )
+            _client_run, running.address, 2.0, args.concurrency, 1, args.others_cpus,
+            args.client_tls,
+        )  # fmt: skip
         router.metrics.placement_samples.clear()
         prof = None
         if args.profile:
@@ -242,6 +263,7 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
         samples = list(router.metrics.placement_samples)
         index_blocks = len(router.store)
         await running.stop(1.0)
+        args.client_tls = ("", "")  # the bare proxy: plaintext
         # The same clients through a bare forwarding proxy, against the same engine.
         bare = await _bare(f"127.0.0.1:{base}", args) if args.bare else None
     finally:
@@ -256,6 +278,7 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
     completed = int(result["completed"])  # type: ignore[call-overload]
     out: dict[str, object] = {
         "store": "redis" if url is not None else "memory",
+        "tls": args.tls,
         "concurrency": args.concurrency,
         "seconds": wall,
         "completed": completed,
@@ -287,7 +310,12 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
 
 
 def _client_run(
-    target: str, seconds: float, concurrency: int, seed: int, cpus: set[int] | None
+    target: str,
+    seconds: float,
+    concurrency: int,
+    seed: int,
+    cpus: set[int] | None,
+    tls: tuple[str, str] = ("", ""),
 ) -> dict[str, object]:
     """The clients, in a process of their own (they must not eat the router's core)."""
     proc = subprocess.run(
@@ -303,6 +331,8 @@ def _client_run(
             str(concurrency),
             "--seed",
             str(seed),
+            "--client-tls",
+            *tls,
         ],
         capture_output=True,
         text=True,
@@ -333,7 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tls", action="store_true", help="serve the public port over TLS")
     ap.add_argument("--client", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--client-tls", nargs=2, default=("", ""), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.others_cpus = None
     cpus = sorted(os.sched_getaffinity(0))
@@ -345,7 +377,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.client:
         print(
             json.dumps(
-                asyncio.run(_clients(args.client, args.seconds, args.concurrency, args.seed))
+                asyncio.run(
+                    _clients(
+                        args.client, args.seconds, args.concurrency, args.seed, *args.client_tls
+                    )
+                )
             )
         )
         return 0
@@ -353,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     p = out["placement_us"]
     assert isinstance(p, dict)
     print(
-        f"store {out['store']}: {out['throughput_rps']:.0f} requests/s through the router "
+        f"store {out['store']}{', TLS' if args.tls else ''}: {out['throughput_rps']:.0f} requests/s through the router "
         f"({out['completed']} in {out['seconds']:.1f} s, errors {out['errors']}); router CPU "
         f"{out['router_cpu_us_per_request']:.0f} µs/request ({out['router_cores_busy']:.2f} cores busy); "
         f"placement p50 {p['p50']:.0f} µs, p99 {p['p99']:.0f} µs, max {p['max']:.0f} µs; index {out['index_blocks']} blocks"

@@ -265,32 +265,44 @@ def test_rendered_manifests_are_accepted_by_the_api_server(
     ).stdout
     result = k8s.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=chart_out)
     assert "(server dry run)" in result.stdout
+    source = ops.CHART / "examples" / example
+    extra: list[str] = []
+    if example == "cppool-sglang.yaml":
+        # The SGLang pool with what a production one adds: Prefill over TLS (the routers
+        # probed on their plaintext health port), and its own NetworkPolicies.
+        docs = [d for d in yaml.safe_load_all(source.read_text()) if d]
+        for d in docs:
+            if d.get("kind") == "CPPool":
+                d["spec"].setdefault("router", {})["tls"] = {"secretName": "prefill-cert"}
+        source = tmp_path / example
+        source.write_text(yaml.safe_dump_all(docs))
+        extra = ["--pool-network-policies", "--operator-namespace", ops.SYSTEM_NAMESPACE,
+                 "--operator-pod-labels", ops.OPERATOR_POD_LABELS]  # fmt: skip
     rendered = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vertumnus.operator",
-            "render",
-            "-f",
-            str(ops.CHART / "examples" / example),
-            "--namespace",
-            namespace,
-        ],
+        [sys.executable, "-m", "vertumnus.operator", "render", "-f", str(source),
+         "--namespace", namespace, *extra],
         capture_output=True,
         text=True,
         check=True,
         cwd=ops.ROOT,
-    ).stdout
-    kinds = sorted({o["kind"] for o in json.loads(rendered)["items"]})
+    ).stdout  # fmt: skip
+    items = json.loads(rendered)["items"]
+    kinds = sorted({o["kind"] for o in items})
     assert kinds == [
         "ConfigMap",
         "Deployment",
+        *(["NetworkPolicy"] if extra else []),
         "Pod",
         "PodDisruptionBudget",
         "PodGroup",
         "Secret",
         "Service",
     ]
+    if extra:
+        (router,) = [o for o in items if o["metadata"]["name"].endswith("-router")
+                     and o["kind"] == "Deployment"]  # fmt: skip
+        (container,) = router["spec"]["template"]["spec"]["containers"]
+        assert container["readinessProbe"]["grpc"]["port"] == 50070
     result = k8s.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered)
     assert result.stdout.count("(server dry run)") == len(json.loads(rendered)["items"])
 
@@ -395,6 +407,11 @@ def test_the_service_account_has_only_what_it_needs(k8s, chart):
             {"gpus": 16, "engine": {"kind": "sglang", "transfer": {"from": [{}]}}},
             "spec.engine.transfer.from[0]",
             "should have at least 1 properties",
+        ),
+        (
+            {"gpus": 16, "router": {"tls": {"secretName": "Bad_Name"}}},
+            "spec.router.tls.secretName",
+            "should match",
         ),
     ],
 )

@@ -20,16 +20,16 @@ from __future__ import annotations
 import hmac
 import logging
 import os
-import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 
-from vertumnus.admintoken import HEADER, SCHEME, read_bytes, read_token
+from vertumnus.admintoken import HEADER, SCHEME, read_token
+from vertumnus.router.certfiles import CertFiles
 
-__all__ = ["ADMIN_PREFIX", "AdminAuth", "CertFiles", "TokenFile", "admin_files"]
+__all__ = ["ADMIN_PREFIX", "AdminAuth", "TokenFile", "admin_files"]
 
 _log = logging.getLogger("vertumnus.router")
 
@@ -130,64 +130,10 @@ class AdminAuth(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         )
 
 
-class CertFiles:
-    """The admin port's certificate and key, read again when either file changes: each
-    new connection's handshake asks (:meth:`credentials`), so a certificate the operator
-    issues anew takes effect without a restart. A pair that cannot be read or does not
-    match keeps the one before (and says so); at start it is refused."""
-
-    def __init__(self, cert_file: str, key_file: str) -> None:
-        self.cert_file, self.key_file = cert_file, key_file
-        self._seen = self._stamp()
-        self._pair = self._read()
-
-    def _stamp(self) -> tuple[tuple[int, int, int] | None, ...]:
-        out: list[tuple[int, int, int] | None] = []
-        for path in (self.cert_file, self.key_file):
-            try:
-                st = os.stat(path)
-            except OSError:
-                out.append(None)
-            else:
-                out.append((st.st_ino, st.st_mtime_ns, st.st_size))
-        return tuple(out)
-
-    def _read(self) -> tuple[bytes, bytes]:
-        """(key, certificate chain) PEM, checked to belong together.
-
-        Raises ValueError naming the file."""
-        pems = [read_bytes("admin TLS file", path) for path in (self.key_file, self.cert_file)]
-        try:
-            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.cert_file, self.key_file)
-        except (ssl.SSLError, OSError) as e:
-            raise ValueError(
-                f"admin TLS files {self.cert_file}, {self.key_file}: not a PEM certificate and "
-                f"its key ({e})"
-            ) from None
-        return pems[0], pems[1]
-
-    def credentials(self) -> grpc.ServerCredentials:
-        config = grpc.ssl_server_certificate_configuration([self._pair])
-        return grpc.dynamic_ssl_server_credentials(config, self._fetch)
-
-    def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
-        stamp = self._stamp()
-        if stamp == self._seen:
-            return None
-        try:
-            pair = self._read()
-        except ValueError as e:
-            _log.error("keeping the admin port's certificate: %s", e)
-            return None
-        self._seen, self._pair = stamp, pair
-        _log.info("the admin port's certificate changed: serving the new one")
-        return grpc.ssl_server_certificate_configuration([pair])
-
-
 def admin_files(
     token_file: str, cert_file: str, key_file: str
 ) -> tuple[TokenFile | None, CertFiles | None]:
     """The Admin port's token and certificate files a router's settings name, read (None
     where none is named). Raises ValueError naming a file that cannot be used."""
     tokens = TokenFile(token_file) if token_file else None
-    return tokens, CertFiles(cert_file, key_file) if cert_file else None
+    return tokens, CertFiles(cert_file, key_file, "admin") if cert_file else None

@@ -86,6 +86,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the certificate's PEM key (default: the file's adminTlsKeyFile)",
     )
     p.add_argument(
+        "--tls-cert-file",
+        default=None,
+        metavar="PATH",
+        help="serve the public port (--listen: Prefill, health, reflection) over TLS with this "
+        "PEM certificate (chain), read again when it changes (default: the file's tlsCertFile; "
+        "empty: plaintext)",
+    )
+    p.add_argument(
+        "--tls-key-file",
+        default=None,
+        metavar="PATH",
+        help="the public certificate's PEM key (default: the file's tlsKeyFile)",
+    )
+    p.add_argument(
+        "--health-listen",
+        default=None,
+        help="HOST:PORT of a plaintext port with gRPC health alone, for probes that speak no "
+        "TLS (default: the file's healthPort on 0.0.0.0, else none)",
+    )
+    p.add_argument(
         "--metrics-listen",
         default=None,
         help="HOST:PORT of /metrics (default 127.0.0.1:9464; empty for none)",
@@ -170,6 +190,9 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
             ("admin_token_file", args.admin_token_file),
             ("admin_tls_cert_file", args.admin_tls_cert_file),
             ("admin_tls_key_file", args.admin_tls_key_file),
+            ("tls_cert_file", args.tls_cert_file),
+            ("tls_key_file", args.tls_key_file),
+            ("health_listen", args.health_listen),
             ("metrics_listen", args.metrics_listen),
             ("pool", args.pool),
             ("profile", args.profile),
@@ -222,9 +245,12 @@ def cmd_router(args: argparse.Namespace) -> int:
         config = router_config_from_args(args)
         s = config.settings
         from vertumnus.router.adminauth import admin_files
+        from vertumnus.router.certfiles import CertFiles
 
-        # The Admin port's files: a clear error now, before the router starts.
+        # The ports' files: a clear error now, before the router starts.
         admin_files(s.admin_token_file, s.admin_tls_cert_file, s.admin_tls_key_file)
+        if s.tls_cert_file:
+            CertFiles(s.tls_cert_file, s.tls_key_file, "public")
         store = _store(config)
     except ValueError as e:
         print(f"vertumnus: error: {e}", file=sys.stderr)

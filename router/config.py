@@ -24,6 +24,9 @@ What the router reads:
   Secret ``<pool>-router-admin``, mounted; :mod:`vertumnus.router.adminauth`);
   ``adminTlsCertFile``, ``adminTlsKeyFile``: the certificate and key the Admin port
   serves TLS with (the same Secret's, when the operator has a CA);
+- ``tlsCertFile``, ``tlsKeyFile``: the certificate and key the public port serves TLS
+  with (``spec.router.tls.secretName``'s, mounted); ``healthPort``: a plaintext port
+  with gRPC health alone, for the kubelet's probes;
 - ``admissionLimit``: requests accepted and not finished, at most;
 - ``model.profile``: the prefill-time profile placement predicts with;
 - ``placement.beta``, ``placement.betaBusy``, ``placement.lambda``: β, β_busy, λ
@@ -343,6 +346,9 @@ _TOP_LEVEL = (
     "adminTokenFile",
     "adminTlsCertFile",
     "adminTlsKeyFile",
+    "tlsCertFile",
+    "tlsKeyFile",
+    "healthPort",
     "metricsPort",
     "admissionLimit",
     "model",
@@ -377,7 +383,8 @@ def parse_router_config(raw: Any) -> RouterConfig:
     listen = _listen(doc, "port", defaults.listen)
     admin_listen = _listen(doc, "adminPort", defaults.admin_listen)
     metrics_listen = _listen(doc, "metricsPort", defaults.metrics_listen)
-    for key in ("adminPort", "metricsPort"):
+    health_listen = _listen(doc, "healthPort", defaults.health_listen)
+    for key in ("adminPort", "metricsPort", "healthPort"):
         if key in doc.raw and doc.raw[key] == doc.raw.get("port"):
             raise ConfigError(key, f"must differ from port ({doc.raw['port']})")
     try:
@@ -387,6 +394,9 @@ def parse_router_config(raw: Any) -> RouterConfig:
             admin_token_file=doc.string("adminTokenFile", defaults.admin_token_file),
             admin_tls_cert_file=doc.string("adminTlsCertFile", defaults.admin_tls_cert_file),
             admin_tls_key_file=doc.string("adminTlsKeyFile", defaults.admin_tls_key_file),
+            tls_cert_file=doc.string("tlsCertFile", defaults.tls_cert_file),
+            tls_key_file=doc.string("tlsKeyFile", defaults.tls_key_file),
+            health_listen=health_listen,
             metrics_listen=metrics_listen,
             pool=doc.string("pool", defaults.pool),
             profile=profile,

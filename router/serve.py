@@ -24,10 +24,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2_grpc
 from prometheus_client import start_http_server
 
 from vertumnus.core.store import TrieStore
 from vertumnus.router.adminauth import AdminAuth, admin_files
+from vertumnus.router.certfiles import CertFiles
 from vertumnus.router.router import Router
 from vertumnus.router.service import NOT_SERVING, SERVING, add_services
 from vertumnus.router.settings import RouterSettings
@@ -64,6 +66,9 @@ class RunningRouter:
         self.admin_server: grpc.aio.Server | None = None if admin is None else admin[0]
         """The Admin API's own server (``admin_listen``); None: Admin is on ``server``."""
         self.admin_port = port if admin is None else admin[1]
+        self.health_server: grpc.aio.Server | None = None
+        """The plaintext port with health alone (``health_listen``); None: none."""
+        self.health_port: int | None = None
         self._metrics_server: Any = None
 
     @property
@@ -90,8 +95,11 @@ class RunningRouter:
         # New RPCs are refused from here (GOAWAY); the router goes on placing and
         # answering the ones it holds while the server waits for them.
         await asyncio.gather(
-            self.server.stop(grace=grace_s),
-            *([self.admin_server.stop(grace=grace_s)] if self.admin_server else []),
+            *(
+                s.stop(grace=grace_s)
+                for s in (self.server, self.admin_server, self.health_server)
+                if s is not None
+            )
         )
         await self.router.close()
         if self._metrics_server is not None:
@@ -112,6 +120,11 @@ async def start_router(
     tokens, certs = admin_files(
         settings.admin_token_file, settings.admin_tls_cert_file, settings.admin_tls_key_file
     )
+    public = (
+        CertFiles(settings.tls_cert_file, settings.tls_key_file, "public")
+        if settings.tls_cert_file
+        else None
+    )
     router = Router(settings, engines, store=store, router_id=router_id)
     guard = [] if tokens is None else [AdminAuth(tokens, router.metrics.admin_refused)]
     options = [("grpc.so_reuseport", 0)]
@@ -122,14 +135,21 @@ async def start_router(
     else:
         server, admin = grpc.aio.server(options=options, interceptors=guard), None
     health = add_services(server, router, admin)
-    port = _bind(server, settings.listen)
+    port = _bind(server, settings.listen, None if public is None else public.credentials())
+    probes: grpc.aio.Server | None = None
+    if settings.health_listen:
+        # Health alone, in plaintext, for the kubelet's probes (they speak no TLS); the
+        # same servicer, so it says what the public port's says.
+        probes = grpc.aio.server(options=options)
+        health_pb2_grpc.add_HealthServicer_to_server(health, probes)
+        health_port = _bind(probes, settings.health_listen)
     admin_port = (
         _bind(admin, settings.admin_listen, None if certs is None else certs.credentials())
         if admin is not None
         else port
     )
     await health.set("", NOT_SERVING)
-    servers = [server] if admin is None else [server, admin]
+    servers = [s for s in (server, admin, probes) if s is not None]
     for s in servers:
         await s.start()
     try:
@@ -144,6 +164,8 @@ async def start_router(
     running = RunningRouter(
         router, server, port, None, health, None if admin is None else (admin, admin_port)
     )
+    if probes is not None:
+        running.health_server, running.health_port = probes, health_port
     if settings.metrics_listen:
         host, _, mport = settings.metrics_listen.rpartition(":")
         try:
@@ -197,9 +219,15 @@ async def serve(  # type: ignore[no-untyped-def]
         else "no metrics endpoint"
     )
     admin = f"Admin on {running.admin_address}" if running.admin_server else "Admin there too"
+    tls = " over TLS" if settings.tls_cert_file else ""
+    probes = (
+        f"; health alone on {settings.health_listen.rpartition(':')[0]}:{running.health_port}"
+        if running.health_server
+        else ""
+    )
     print(
         f"vertumnus router {running.router.router_id}: serving {running.router.composition()} on "
-        f"{running.address} ({admin}; {metrics}); Ctrl-C to stop",
+        f"{running.address}{tls} ({admin}; {metrics}{probes}); Ctrl-C to stop",
         flush=True,
     )
     await stop.wait()

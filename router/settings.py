@@ -37,10 +37,19 @@ class RouterSettings:
     admin_tls_cert_file: str = ""
     admin_tls_key_file: str = ""
     """A certificate (chain) and its key, PEM: the Admin port serves TLS with them, read
-    again when they change (:class:`vertumnus.router.adminauth.CertFiles`). Both or
-    neither, and only with ``admin_listen``: the public port stays plaintext (the kubelet's
-    gRPC probe has no TLS). In an operator's pool, the certificate the operator issues
-    the pool's routers (:mod:`vertumnus.admintls`)."""
+    again when they change (:class:`vertumnus.router.certfiles.CertFiles`). Both or
+    neither, and only with ``admin_listen``. In an operator's pool, the certificate the
+    operator issues the pool's routers (:mod:`vertumnus.admintls`)."""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    """A certificate (chain) and its key, PEM: the public port (``listen``: Prefill, health,
+    reflection, and Admin when it has no port of its own) serves TLS with them, read again
+    when they change. Both or neither. In an operator's pool, the Secret
+    ``spec.router.tls.secretName`` names (e.g. cert-manager's)."""
+    health_listen: str = ""
+    """host:port of a plaintext port that serves only gRPC health (empty: none): the
+    kubelet's gRPC probe speaks no TLS, so a router whose public port serves TLS is probed
+    here."""
     metrics_listen: str = "127.0.0.1:9464"
     """host:port of the Prometheus ``/metrics`` endpoint (empty: none)."""
     pool: str = "local"
@@ -115,7 +124,8 @@ class RouterSettings:
     ``store`` (it follows the shared store's change stream: a second replica)."""
 
     def __post_init__(self) -> None:
-        for name in ["listen"] + (["admin_listen"] if self.admin_listen else []):
+        optional = [n for n in ("admin_listen", "health_listen") if getattr(self, n)]
+        for name in ["listen", *optional]:
             host, sep, port = getattr(self, name).rpartition(":")
             if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
                 raise ValueError(
@@ -127,12 +137,22 @@ class RouterSettings:
                 f"admin_listen: {self.admin_listen!r} has the public API's port ({self.listen!r}); "
                 "leave it empty to serve Admin there"
             )
+        ports = {n: getattr(self, n).rpartition(":")[2] for n in ["listen", *optional]}
+        if self.health_listen and ports["health_listen"] != "0":
+            for other in ("listen", "admin_listen"):
+                if ports.get(other) == ports["health_listen"]:
+                    raise ValueError(
+                        f"health_listen: {self.health_listen!r} has the port of {other} "
+                        f"({getattr(self, other)!r})"
+                    )
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file go together")
         if bool(self.admin_tls_cert_file) != bool(self.admin_tls_key_file):
             raise ValueError("admin_tls_cert_file and admin_tls_key_file go together")
         if self.admin_tls_cert_file and not self.admin_listen:
             raise ValueError(
-                "admin TLS needs the Admin API on a port of its own (admin_listen): the "
-                "public port stays plaintext"
+                "admin TLS needs the Admin API on a port of its own (admin_listen); on the "
+                "public port Admin takes that port's TLS (tls_cert_file)"
             )
         if self.admission_limit < 1:
             raise ValueError(f"admission_limit must be >= 1, got {self.admission_limit}")

@@ -174,6 +174,17 @@ class RouterSpec:
     (:mod:`vertumnus.admintls`; an operator without a CA leaves it plaintext). False: a
     pool whose traffic a service mesh already encrypts, or whose stand-in router speaks
     plaintext."""
+    tls_secret: str = ""
+    """A ``kubernetes.io/tls`` Secret in the pool's namespace (``tls.crt``, ``tls.key``;
+    e.g. cert-manager's): the routers serve the public port (Prefill) over TLS with it,
+    and are probed on ``health_port``. Empty: plaintext."""
+    health_port: int = 50070
+    """With ``tls_secret``: the plaintext port with gRPC health alone, for the kubelet's
+    probes (they speak no TLS)."""
+
+
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+"""A Secret's name (RFC 1123 subdomain, at most 253 characters)."""
 
 
 @dataclass(frozen=True)
@@ -572,7 +583,29 @@ def parse_spec(
         node_selector=_selector(r, "nodeSelector", rp),
         tolerations=_tolerations(r, "tolerations", rp),
         admin_tls=_bool(r, "adminTLS", rp, True),
+        tls_secret=_str(_obj(r, "tls", rp), "secretName", f"{rp}.tls", ""),
+        health_port=_int(r, "healthPort", rp, 50070, 1, 65535),
     )
+    if "tls" in r and not router.tls_secret:
+        raise SpecError(f"{rp}.tls.secretName", "Required value")
+    if router.tls_secret and (
+        len(router.tls_secret) > 253 or not DNS_SUBDOMAIN.fullmatch(router.tls_secret)
+    ):
+        raise SpecError(
+            f"{rp}.tls.secretName",
+            f"Invalid value: {router.tls_secret!r}: a Secret's name (lower case letters, "
+            "digits, '-' and '.')",
+        )
+    if router.tls_secret and router.health_port in (
+        router.port,
+        router.admin_port,
+        router.metrics_port,
+    ):
+        raise SpecError(
+            f"{rp}.healthPort",
+            f"must differ from port, adminPort and metricsPort ({router.port}, "
+            f"{router.admin_port}, {router.metrics_port})",
+        )
     if router.port == router.metrics_port:
         raise SpecError(f"{rp}.metricsPort", f"must differ from port ({router.port})")
     if router.admin_port in (router.port, router.metrics_port):

@@ -103,6 +103,9 @@ ROUTER_ADMIN = "/etc/vertumnus/admin"
 ROUTER_ADMIN_TOKEN = f"{ROUTER_ADMIN}/token"
 """Where the router pod mounts its pool's Admin token (the Secret ``P-router-admin``), and
 beside it the Admin port's certificate and key, when the operator issued them."""
+ROUTER_TLS = "/etc/vertumnus/tls"
+"""Where the router pod mounts ``spec.router.tls.secretName`` (the public port's
+certificate)."""
 ROUTER_PRESTOP_S = 5
 """Seconds a router pod being deleted keeps serving before its SIGTERM (endpoints
 propagate meanwhile)."""
@@ -420,6 +423,15 @@ def router_config(spec: PoolSpec, owner: Owner, admin_tls: bool = False) -> dict
             if admin_tls
             else {}
         ),
+        **(
+            {
+                "tlsCertFile": f"{ROUTER_TLS}/tls.crt",
+                "tlsKeyFile": f"{ROUTER_TLS}/tls.key",
+                "healthPort": spec.router.health_port,
+            }
+            if spec.router.tls_secret
+            else {}
+        ),
         "metricsPort": spec.router.metrics_port,
         "admissionLimit": spec.router.admission_limit,
         "model": {"name": spec.model.name, "path": spec.model.path, "profile": spec.model.profile},
@@ -550,8 +562,14 @@ def router_deployment(spec: PoolSpec, owner: Owner, admin_tls: bool = False) -> 
                     {"name": "grpc", "containerPort": r.port},
                     {"name": "admin", "containerPort": r.admin_port},
                     {"name": "metrics", "containerPort": r.metrics_port},
+                    *([{"name": "health", "containerPort": r.health_port}] if r.tls_secret else []),
                 ],
-                "readinessProbe": {"grpc": {"port": r.port}, "periodSeconds": 5},
+                # The kubelet's gRPC probe speaks no TLS: a TLS public port is probed on
+                # the plaintext health port, which serves nothing else.
+                "readinessProbe": {
+                    "grpc": {"port": r.health_port if r.tls_secret else r.port},
+                    "periodSeconds": 5,
+                },
                 # On deletion (a rollout of the router, a drained node): a few seconds
                 # for the Service to stop sending new connections, then SIGTERM, on
                 # which the router answers what it holds within its shutdown grace.
@@ -563,6 +581,11 @@ def router_deployment(spec: PoolSpec, owner: Owner, admin_tls: bool = False) -> 
                 "volumeMounts": [
                     {"name": "config", "mountPath": ROUTER_CONFIG, "readOnly": True},
                     {"name": "admin", "mountPath": ROUTER_ADMIN, "readOnly": True},
+                    *(
+                        [{"name": "tls", "mountPath": ROUTER_TLS, "readOnly": True}]
+                        if r.tls_secret
+                        else []
+                    ),
                 ],
             }
         ],
@@ -573,6 +596,7 @@ def router_deployment(spec: PoolSpec, owner: Owner, admin_tls: bool = False) -> 
                 # Every key: the token, and the certificate when the operator issues one.
                 "secret": {"secretName": admin_secret_name(owner)},
             },
+            *([{"name": "tls", "secret": {"secretName": r.tls_secret}}] if r.tls_secret else []),
         ],
         "terminationGracePeriodSeconds": (
             ROUTER_PRESTOP_S + spec.controller.drain_timeout_seconds + 10

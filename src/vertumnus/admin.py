@@ -102,21 +102,9 @@ def _call(args: argparse.Namespace) -> Any:
 
 
 def _channel(args: argparse.Namespace) -> Any:
-    import grpc
+    from vertumnus.channels import channel
 
-    if not args.tls_ca_file:
-        return grpc.insecure_channel(args.target)
-    try:
-        with open(args.tls_ca_file, "rb") as f:
-            ca = f.read()
-    except OSError as e:
-        raise ValueError(f"--tls-ca-file {args.tls_ca_file}: {e.strerror or e}") from None
-    options = (
-        [("grpc.ssl_target_name_override", args.tls_server_name)] if args.tls_server_name else []
-    )
-    return grpc.secure_channel(
-        args.target, grpc.ssl_channel_credentials(root_certificates=ca), options=options
-    )
+    return channel(args.target, args.tls_ca_file, args.tls_server_name)
 
 
 def cmd_admin(args: argparse.Namespace) -> int:

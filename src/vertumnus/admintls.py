@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
-__all__ = ["AdminTLS", "Issued", "issue", "read_ca", "router_name"]
+__all__ = ["AdminTLS", "Issued", "issue", "new_ca", "read_ca", "router_name"]
 
 VALID_DAYS = 90
 """How long an issued router certificate is valid (the operator issues a new one when a
@@ -76,6 +76,33 @@ def read_ca(cert_file: str, key_file: str) -> tuple[bytes, bytes]:
     if cert.public_key().public_numbers() != key.public_key().public_numbers():  # type: ignore[union-attr]
         raise ValueError(f"admin CA files: the key {key_file} is not {cert_file}'s")
     return pems[0], pems[1]
+
+
+def new_ca(common_name: str, now: datetime.datetime, days: int = 3650) -> tuple[bytes, bytes]:
+    """A self-signed CA (certificate, key: PEM; P-256), valid from a day before ``now`` for
+    ``days``: what the chart's ``genCA`` makes, for tests and benchmarks (and anyone
+    without cert-manager who wants a CA of their own)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def issue(ca_pem: bytes, ca_key_pem: bytes, name: str, now: datetime.datetime) -> Issued:

@@ -118,12 +118,15 @@ async def run_load(
     keep_records: bool = False,
     progress: Any = None,
     id_prefix: str = "load",
+    tls_ca_file: str = "",
+    tls_server_name: str = "",
 ) -> LoadReport:
     """Send ``requests`` to the pool at ``target`` (``host:port``, or several comma-separated:
     the pool's router replicas, taken in turn) at their arrival times; wait for all."""
     import grpc
 
     from vertumnus._proto import pool_pb2, pool_pb2_grpc
+    from vertumnus.channels import channel
 
     report = LoadReport(target)
     memo: dict[int, list[int]] = {}
@@ -132,7 +135,7 @@ async def run_load(
     ]
     # Several routers (replicas of one pool): request i goes to the (i mod n)-th, as a
     # round-robin load balancer in front of them would send it.
-    channels = [grpc.aio.insecure_channel(t) for t in target.split(",")]
+    channels = [channel(t, tls_ca_file, tls_server_name, aio=True) for t in target.split(",")]
     stubs = [pool_pb2_grpc.PrefillStub(c) for c in channels]
     loop = asyncio.get_running_loop()
     t0 = loop.time() + 0.05
@@ -252,6 +255,20 @@ def register(sub: Any) -> None:
         default=120.0,
         help="each request's deadline in seconds (default 120)",
     )
+    p.add_argument(
+        "--tls-ca-file",
+        default="",
+        metavar="PATH",
+        help="dial over TLS, verifying the router against this CA (PEM): a router whose public "
+        "port serves TLS (vertumnus router --tls-cert-file; a CPPool's spec.router.tls)",
+    )
+    p.add_argument(
+        "--tls-server-name",
+        default="",
+        metavar="NAME",
+        help="the name the router's certificate must carry, when --target does not (a "
+        "port-forward to 127.0.0.1)",
+    )
     p.add_argument("--json", dest="json_out", required=True, help="write the report here")
     p.add_argument(
         "--records", action="store_true", help="include one record per request in the JSON"
@@ -305,8 +322,13 @@ def cmd_load(args: Any) -> int:
                 timeout_s=args.timeout,
                 keep_records=args.records,
                 progress=bar,
+                tls_ca_file=args.tls_ca_file,
+                tls_server_name=args.tls_server_name,
             )
         )
+    except ValueError as e:  # the CA file
+        print(f"vertumnus: error: {e}", file=sys.stderr)
+        return 2
     finally:
         if bar is not None:
             bar.close()

@@ -433,3 +433,51 @@ def test_a_router_pod_being_deleted_answers_what_it_holds_before_it_is_killed():
     assert router["args"][-2:] == ["--shutdown-grace", "120"]
     assert router["lifecycle"]["preStop"] == {"sleep": {"seconds": res.ROUTER_PRESTOP_S}}
     assert pod["terminationGracePeriodSeconds"] > res.ROUTER_PRESTOP_S + 120
+
+
+def test_a_pool_with_a_tls_secret_serves_prefill_over_tls_and_is_probed_in_plaintext(tmp_path):
+    """``spec.router.tls.secretName``: the Secret mounted, router.json naming its files and
+    the health port, the kubelet's gRPC probe on that port (it speaks no TLS); and the
+    router, given that router.json, serves TLS with them."""
+    from vertumnus.router.config import load_router_config
+
+    plain = _spec()
+    (c,) = res.router_deployment(plain, OWNER)["spec"]["template"]["spec"]["containers"]
+    assert c["readinessProbe"]["grpc"] == {"port": 50050}
+    assert "tlsCertFile" not in res.router_config(plain, OWNER)
+    assert "health" not in {p["name"] for p in c["ports"]}
+
+    spec = _spec(router={"tls": {"secretName": "prefill-cert"}, "healthPort": 50071})
+    pod = res.router_deployment(spec, OWNER)["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["readinessProbe"]["grpc"] == {"port": 50071}
+    assert {"name": "health", "containerPort": 50071} in c["ports"]
+    assert {"name": "tls", "mountPath": res.ROUTER_TLS, "readOnly": True} in c["volumeMounts"]
+    assert {"name": "tls", "secret": {"secretName": "prefill-cert"}} in pod["volumes"]
+    doc = res.router_config(spec, OWNER)
+    assert doc["tlsCertFile"] == f"{res.ROUTER_TLS}/tls.crt"
+    assert doc["tlsKeyFile"] == f"{res.ROUTER_TLS}/tls.key"
+    assert doc["healthPort"] == 50071
+    mounted = tmp_path / "router.json"
+    layout = layout_for(Composition.parse("2xCP8"), 8)
+    mounted.write_text(res.configmap(spec, OWNER, layout, 1)["data"]["router.json"])
+    s = load_router_config(mounted).settings
+    assert (s.tls_cert_file, s.health_listen) == (f"{res.ROUTER_TLS}/tls.crt", "0.0.0.0:50071")
+    # The probe port is the pods' own: the Service exposes grpc, admin and metrics only.
+    assert "health" not in {p["name"] for p in res.router_service(spec, OWNER)["spec"]["ports"]}
+
+
+@pytest.mark.parametrize(
+    ("router", "field", "text"),
+    [
+        ({"tls": {}}, "spec.router.tls.secretName", "Required"),
+        ({"tls": {"secretName": "Bad_Name"}}, "spec.router.tls.secretName", "a Secret's name"),
+        ({"tls": {"secretName": "c"}, "healthPort": 50060}, "spec.router.healthPort", "differ"),
+    ],
+)
+def test_bad_router_tls_settings_are_refused_naming_the_field(router, field, text):
+    from vertumnus.operator.crd import SpecError
+
+    with pytest.raises(SpecError) as e:
+        _spec(router=router)
+    assert e.value.field == field and text in str(e.value)

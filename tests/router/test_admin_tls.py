@@ -14,9 +14,6 @@ import os
 import grpc
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from tests.router.test_dispatch import _pool, _send, _sync
 from vertumnus import admintls
@@ -31,27 +28,7 @@ NAME = admintls.router_name("pool", "ns")
 
 
 def make_ca(cn: str = "test-ca") -> tuple[bytes, bytes]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(NOW - datetime.timedelta(days=1))
-        .not_valid_after(NOW + datetime.timedelta(days=3650))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    return (
-        cert.public_bytes(serialization.Encoding.PEM),
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ),
-    )
+    return admintls.new_ca(cn, NOW)
 
 
 def write_issued(folder, ca: tuple[bytes, bytes], name: str = NAME) -> tuple[str, str]:  # type: ignore[no-untyped-def]
