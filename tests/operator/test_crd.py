@@ -65,6 +65,7 @@ def _defaults(schema: dict[str, Any]) -> dict[str, Any]:
 _CAMEL = {
     "gpusPerDomain": "gpus_per_domain",
     "adminTLS": "admin_tls",
+    "healthPort": "health_port",
     "updateStrategy": "update_strategy",
     "blockSize": "block_size",
     "maxTokens": "max_tokens",
