@@ -243,7 +243,7 @@ def _write_crds() -> int:
 def _render(args: argparse.Namespace) -> int:
     import yaml
 
-    from vertumnus.admintls import issue, router_name
+    from vertumnus.admintls import cert_seed, issue, router_name
     from vertumnus.admintoken import pool_token
     from vertumnus.core import transition as tr
     from vertumnus.core.lattice import layout_for
@@ -293,7 +293,8 @@ def _render(args: argparse.Namespace) -> int:
             if admin_ca is not None and tls_on:
                 now = datetime.datetime.now(datetime.UTC)
                 name = router_name(owner.name, owner.namespace)
-                issued = issue(admin_ca[0], admin_ca[1], name, now)
+                seed = cert_seed(admin_key, owner.namespace, owner.name, owner.uid)
+                issued = issue(admin_ca[0], admin_ca[1], name, now, seed)
                 tls = (issued.cert_pem, issued.key_pem)
             items.append(res.admin_secret(owner, token, tls))
         if spec.redis.mode == "managed":

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from vertumnus.admintls import VALID_DAYS, AdminTLS, Issued, issue, router_name
+from vertumnus.admintls import AdminTLS, cert_seed, issue, period_of, router_name
 from vertumnus.admintoken import pool_token
 from vertumnus.core import planner
 from vertumnus.core import transition as tr
@@ -218,7 +218,9 @@ class PoolRuntime:
         self.admin_ca = admin_ca
         """The operator's CA (certificate, key: PEM), which issues the pool's routers the
         Admin port's certificate; None: Admin in plaintext."""
-        self._issued: Issued | None = None
+        self._cert_seed = cert_seed(admin_key, namespace, name, uid)
+        """What the routers' Admin certificates are derived from (:func:`cert_seed`)."""
+        self._issued_period: int | None = None
         self.events = KubeEvents(kube, name, namespace, uid)
         self.clock = clock
         self.wake = wake or asyncio.Event()
@@ -774,20 +776,20 @@ class PoolRuntime:
         return AdminTLS(self.admin_ca[0], router_name(self.name, self.namespace))
 
     def _keep_admin_cert(self, spec: PoolSpec) -> None:
-        """Issue the routers' Admin certificate once, and again when a third of its validity
-        is left (the routers read the renewed Secret without a restart); none while the
-        pool's Admin is plaintext."""
+        """Issue the routers' Admin certificate for the current period, and again when the
+        period turns (every :data:`~vertumnus.admintls.PERIOD_DAYS` days; the routers read
+        the renewed Secret without a restart); none while the pool's Admin is plaintext.
+        Derived from the operator's key: a restarted operator issues the same bytes, so the
+        Secret and the routers are left alone."""
         if self.admin_tls(spec) is None or self.admin_ca is None:
             self.reconciler.admin_cert = None
             return
-        if self.reconciler.admin_cert is None:
-            self._issued = None  # TLS turned on again: a certificate at once
         now = datetime.datetime.fromtimestamp(self.clock(), datetime.UTC)
-        issued = self._issued
-        if issued is None or issued.not_after - now < datetime.timedelta(days=VALID_DAYS / 3):
+        if self.reconciler.admin_cert is None or self._issued_period != period_of(now):
             name = router_name(self.name, self.namespace)
-            issued = self._issued = issue(self.admin_ca[0], self.admin_ca[1], name, now)
+            issued = issue(self.admin_ca[0], self.admin_ca[1], name, now, self._cert_seed)
             self.reconciler.admin_cert = (issued.cert_pem, issued.key_pem)
+            self._issued_period = period_of(now)
 
     def _admin_now(self) -> RouterAdmin:
         if self.admin is None:

@@ -15,13 +15,39 @@ network in clear text, and the operator talks only to its own pool's routers.
 from __future__ import annotations
 
 import datetime
+import hashlib
+import hmac
 from dataclasses import dataclass
 
-__all__ = ["AdminTLS", "Issued", "issue", "new_ca", "read_ca", "router_name"]
+__all__ = [
+    "AdminTLS",
+    "Issued",
+    "cert_seed",
+    "issue",
+    "new_ca",
+    "period_of",
+    "read_ca",
+    "router_name",
+]
 
 VALID_DAYS = 90
-"""How long an issued router certificate is valid (the operator issues a new one when a
-third of that is left)."""
+"""How long an issued router certificate is valid."""
+PERIOD_DAYS = 30
+"""With a seed (:func:`cert_seed`), every issue within one period of this many days (counted
+from the Unix epoch) gives the same certificate, byte for byte: a restarted operator, or a
+peer that takes over, issues what the routers hold already, and the pool's Secret does not
+change. The next period's certificate replaces it with two thirds of its validity left."""
+
+
+def period_of(now: datetime.datetime) -> int:
+    """The issuing period ``now`` falls in (:data:`PERIOD_DAYS`)."""
+    return int(now.timestamp() // (PERIOD_DAYS * 86400))
+
+
+def cert_seed(key: bytes, namespace: str, name: str, uid: str) -> bytes:
+    """What a pool's routers' certificates are derived from: an HMAC-SHA256 of the pool's
+    identity under the operator's key (as its Admin token is, for another purpose)."""
+    return hmac.new(key, f"admin-cert/{namespace}/{name}/{uid}".encode(), hashlib.sha256).digest()
 
 
 def router_name(pool: str, namespace: str) -> str:
@@ -105,9 +131,21 @@ def new_ca(common_name: str, now: datetime.datetime, days: int = 3650) -> tuple[
     )
 
 
-def issue(ca_pem: bytes, ca_key_pem: bytes, name: str, now: datetime.datetime) -> Issued:
-    """A server certificate for ``name`` (its only DNS name), valid from ``now`` for
-    :data:`VALID_DAYS`, with a fresh P-256 key, signed by the CA."""
+_P256_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
+
+
+def issue(
+    ca_pem: bytes,
+    ca_key_pem: bytes,
+    name: str,
+    now: datetime.datetime,
+    seed: bytes | None = None,
+) -> Issued:
+    """A server certificate for ``name`` (its only DNS name), valid for :data:`VALID_DAYS`,
+    with a P-256 key, signed by the CA. Without ``seed``: a fresh key, valid from ``now``.
+    With one (:func:`cert_seed`): the key, serial number and validity derived from it and
+    ``now``'s period (:data:`PERIOD_DAYS`), and the signature deterministic (RFC 6979 for
+    an EC CA; an RSA CA's PKCS #1 v1.5 signature is), so the same in the whole period."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -115,21 +153,38 @@ def issue(ca_pem: bytes, ca_key_pem: bytes, name: str, now: datetime.datetime) -
 
     ca = x509.load_pem_x509_certificate(ca_pem)
     ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
-    key = ec.generate_private_key(ec.SECP256R1())
-    not_after = now + datetime.timedelta(days=VALID_DAYS)
-    cert = (
+    if seed is None:
+        key = ec.generate_private_key(ec.SECP256R1())
+        serial, start = x509.random_serial_number(), now
+    else:
+        period = period_of(now)
+
+        def derived(what: str) -> int:
+            mac = hmac.new(seed, f"{what}/{period}".encode(), hashlib.sha256).digest()
+            return int.from_bytes(mac, "big")
+
+        key = ec.derive_private_key(derived("key") % (_P256_ORDER - 1) + 1, ec.SECP256R1())
+        serial = (derived("serial") >> 104) | (1 << 151)  # positive, 152 bits (< 20 octets)
+        start = datetime.datetime.fromtimestamp(period * PERIOD_DAYS * 86400, datetime.UTC)
+    not_after = start + datetime.timedelta(days=VALID_DAYS)
+    builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
         .issuer_name(ca.subject)
         .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
+        .serial_number(serial)
         # An hour's slack for clocks that disagree.
-        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_before(start - datetime.timedelta(hours=1))
         .not_valid_after(not_after)
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    )
+    deterministic = isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    cert = builder.sign(
+        ca_key,  # type: ignore[arg-type]
+        hashes.SHA256(),
+        ecdsa_deterministic=True if deterministic else None,
     )
     return Issued(
         cert.public_bytes(serialization.Encoding.PEM),

@@ -62,27 +62,33 @@ def test_the_operator_drains_through_a_router_that_requires_its_pool_token(tmp_p
 
 
 def test_the_operator_issues_the_routers_certificate_and_renews_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Issued once (not at every apply: the Secret would change every minute), again
-    when a third of its validity is left; for the pool's router Service's name."""
+    """Issued for the pool's router Service's name, derived from the operator's key: the
+    same bytes all through a period (not at every apply, nor from a restarted operator:
+    the Secret would change and the routers reload), a new one when the period turns,
+    with two thirds of the old one's validity left."""
     import datetime
 
     from cryptography import x509
 
     from tests.operator.test_resources import _spec
     from tests.router.test_admin_tls import make_ca
-    from vertumnus.admintls import VALID_DAYS, router_name
+    from vertumnus.admintls import PERIOD_DAYS, VALID_DAYS, router_name
 
     ca = make_ca()
     now = [1_800_000_000.0]
-    runtime = PoolRuntime(
-        None,  # type: ignore[arg-type]
-        "pool",
-        "ns",
-        "uid-1",
-        clock=lambda: now[0],
-        admin_key=KEY,
-        admin_ca=ca,
-    )
+
+    def runtime_(uid: str = "uid-1") -> PoolRuntime:
+        return PoolRuntime(
+            None,  # type: ignore[arg-type]
+            "pool",
+            "ns",
+            uid,
+            clock=lambda: now[0],
+            admin_key=KEY,
+            admin_ca=ca,
+        )
+
+    runtime = runtime_()
     spec = _spec()
     tls = runtime.admin_tls(spec)
     assert tls is not None
@@ -95,22 +101,40 @@ def test_the_operator_issues_the_routers_certificate_and_renews_it(tmp_path) -> 
     cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca[0]))
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert sans.get_values_for_type(x509.DNSName) == ["pool-router.ns.svc"]
-    now[0] += 86400 * (VALID_DAYS * 2 / 3 - 1)
+    at = datetime.datetime.fromtimestamp(now[0], datetime.UTC)
+    assert cert.not_valid_before_utc <= at
+    assert cert.not_valid_after_utc - at >= datetime.timedelta(days=VALID_DAYS - PERIOD_DAYS)
+    # A restarted operator (a new runtime) issues the same bytes; another pool does not.
+    again = runtime_()
+    again._keep_admin_cert(spec)
+    assert again.reconciler.admin_cert == first
+    other = runtime_("uid-2")
+    other._keep_admin_cert(spec)
+    assert other.reconciler.admin_cert is not None
+    assert other.reconciler.admin_cert[1] != first[1]  # its own key
+    # All through the period: the same; when it turns, a new one, two thirds left of the old.
+    start = cert.not_valid_before_utc + datetime.timedelta(hours=1)
+    now[0] = (
+        start + datetime.timedelta(days=PERIOD_DAYS) - datetime.timedelta(seconds=1)
+    ).timestamp()
     runtime._keep_admin_cert(spec)
     assert runtime.reconciler.admin_cert is first
-    now[0] += 2 * 86400
+    now[0] += 2
     runtime._keep_admin_cert(spec)
     renewed = runtime.reconciler.admin_cert
     assert renewed is not None and renewed != first
     renewed_cert = x509.load_pem_x509_certificate(renewed[0])
-    assert renewed_cert.not_valid_before_utc > cert.not_valid_before_utc
-    assert renewed_cert.not_valid_after_utc - cert.not_valid_after_utc > datetime.timedelta(days=1)
-    # A pool that asks for plaintext Admin: no certificate, no TLS; asked again, a new one.
+    at = datetime.datetime.fromtimestamp(now[0], datetime.UTC)
+    assert cert.not_valid_after_utc - at > datetime.timedelta(days=VALID_DAYS - PERIOD_DAYS - 1)
+    assert renewed_cert.not_valid_after_utc - cert.not_valid_after_utc == datetime.timedelta(
+        days=PERIOD_DAYS
+    )
+    # A pool that asks for plaintext Admin: no certificate, no TLS; asked again, its own.
     off = _spec(router={"adminTLS": False})
     runtime._keep_admin_cert(off)
     assert runtime.admin_tls(off) is None and runtime.reconciler.admin_cert is None
     runtime._keep_admin_cert(spec)
-    assert runtime.reconciler.admin_cert not in (None, renewed)
+    assert runtime.reconciler.admin_cert == renewed
     # Without a CA there is nothing to issue: Admin in plaintext.
     plain = PoolRuntime(None, "pool", "ns", "uid-1", admin_key=KEY)  # type: ignore[arg-type]
     plain._keep_admin_cert(spec)

@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 import datetime
 import os
+import ssl
 
 import grpc
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.x509.oid import NameOID
 
 from tests.router.test_dispatch import _pool, _send, _sync
 from vertumnus import admintls
@@ -271,3 +274,54 @@ def test_a_secret_updated_the_kubelets_way_is_read_again(tmp_path) -> None:  # t
             await engine.server.stop(0)
 
     run()
+
+
+def test_a_seeded_certificate_is_the_same_from_any_issuer_in_its_period(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """With a seed the key, serial, validity and signature are derived (RFC 6979 for an EC
+    CA; an RSA CA's, the chart's genCA, signs deterministically anyway); without one each
+    issue is fresh. Either way it chains to the CA and serves TLS."""
+    import datetime as dt
+
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    ec_ca = make_ca()
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rsa-ca")])
+    rsa_cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(rsa_key.public_key())
+        .serial_number(7)
+        .not_valid_before(NOW - dt.timedelta(days=1))
+        .not_valid_after(NOW + dt.timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(rsa_key, hashes.SHA256())
+    )
+    rsa_ca = (
+        rsa_cert.public_bytes(serialization.Encoding.PEM),
+        rsa_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+    )
+    seed = admintls.cert_seed(b"k" * 32, "ns", "pool", "uid-1")
+    later = NOW + dt.timedelta(days=3)
+    for ca in (ec_ca, rsa_ca):
+        a = admintls.issue(ca[0], ca[1], NAME, NOW, seed)
+        assert admintls.period_of(NOW) == admintls.period_of(later)
+        assert admintls.issue(ca[0], ca[1], NAME, later, seed) == a
+        b = admintls.issue(ca[0], ca[1], NAME, NOW + dt.timedelta(days=30), seed)
+        assert b.cert_pem != a.cert_pem and b.key_pem != a.key_pem
+        assert admintls.issue(ca[0], ca[1], NAME, NOW) != admintls.issue(ca[0], ca[1], NAME, NOW)
+        cert = x509.load_pem_x509_certificate(a.cert_pem)
+        cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca[0]))
+        assert cert.not_valid_before_utc <= NOW < cert.not_valid_after_utc == a.not_after
+        assert 0 < cert.serial_number < 2**159
+        (tmp_path / "tls.crt").write_bytes(a.cert_pem)
+        (tmp_path / "tls.key").write_bytes(a.key_pem)
+        # The pair loads as a server's.
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(
+            tmp_path / "tls.crt", tmp_path / "tls.key"
+        )
