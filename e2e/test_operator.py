@@ -1367,6 +1367,47 @@ def test_every_pool_gets_network_policies_of_its_own(k8s, operator, namespace):
         k8s.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(policy))
 
 
+def test_the_operator_says_when_the_installed_crd_is_not_its_own(k8s, operator, chart, monkeypatch):
+    """helm upgrade does not upgrade CRDs, and the API server drops what an older schema
+    lacks: the operator compares the installed CPPool CRD with its own (at start and every
+    5 minutes), under its ServiceAccount, and names the first difference."""
+    import asyncio
+
+    from vertumnus.operator import crdcheck
+    from vertumnus.operator.kube import KubeClient, connection_info
+
+    # The session operator compared them at start: the chart's CRD is the package's.
+    assert _sample(operator.scrape(), "vertumnus_operator_crd_current") == 1
+    monkeypatch.setenv("KUBECONFIG", str(chart))  # the operator's identity
+
+    async def check():
+        kube = KubeClient(connection_info())
+        try:
+            return await crdcheck.check(kube)
+        finally:
+            await kube.close()
+
+    assert asyncio.run(check()) is None
+    field = "/spec/properties/router/properties/healthPort/description"
+    path = "/spec/versions/0/schema/openAPIV3Schema/properties" + field
+    original = crdcheck.shipped_cppool()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    original = original["properties"]["spec"]["properties"]["router"]["properties"]["healthPort"]
+
+    def describe(text):
+        k8s.kubectl("patch", "crd", crdcheck.NAME, "--type=json",
+                    "-p", json.dumps([{"op": "replace", "path": path, "value": text}]))  # fmt: skip
+
+    describe("an older chart's words")
+    try:
+        problem = asyncio.run(check())
+    finally:
+        describe(original["description"])
+    assert problem is not None
+    assert "router.properties.healthPort.description" in problem, problem
+    assert "kubectl apply --server-side" in problem, problem
+    assert asyncio.run(check()) is None
+
+
 def test_deleting_the_pool_removes_everything_it_made(k8s, operator, namespace):
     with gpu_nodes(k8s, 1) as label:
         ops.apply(k8s, cppool("doomed", namespace, 8, label, redis={"mode": "managed"}))

@@ -35,7 +35,6 @@ import shutil
 import sys
 import zlib
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -200,17 +199,9 @@ def _serve_metrics(listen: str) -> object:
     return metrics
 
 
-def packaged_crds() -> list[tuple[str, str]]:
-    """(file name, YAML) of every CRD the package ships, by name."""
-    folder = resources.files("vertumnus.operator") / "crds"
-    return sorted(
-        (f.name, f.read_text(encoding="utf-8"))
-        for f in folder.iterdir()
-        if f.name.endswith(".yaml")
-    )
-
-
 def _crds(args: argparse.Namespace) -> int:
+    from vertumnus.operator.crdcheck import packaged_crds
+
     if args.write:
         return _write_crds()
     crds = packaged_crds()

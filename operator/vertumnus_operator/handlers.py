@@ -31,7 +31,7 @@ from typing import Any
 
 import kopf
 
-from vertumnus.operator import adminkeys
+from vertumnus.operator import adminkeys, crdcheck
 from vertumnus.operator import networkpolicy as netpol
 from vertumnus.operator.crd import GROUP, PLURAL, VERSION
 from vertumnus.operator.kube import KubeClient, connection_info
@@ -87,6 +87,32 @@ def _wake_event(memo: Any) -> asyncio.Event:
     return event
 
 
+log = logging.getLogger(__name__)
+
+
+async def _keep_checking_crd(
+    kube: KubeClient, metrics: Any, every_s: float = crdcheck.CHECK_EVERY_S
+) -> None:
+    """Compare the installed CPPool CRD with this operator's now and every
+    :data:`~vertumnus.operator.crdcheck.CHECK_EVERY_S`; say so when that changes."""
+    said: str | None = ""
+    while True:
+        try:
+            problem = await crdcheck.check(kube)
+        except Exception as e:  # the API server away: the next round tries again
+            log.warning("could not compare the installed CPPool CRD with this operator's: %s", e)
+        else:
+            if metrics is not None:
+                metrics.crd_current = problem is None
+            if problem != said:
+                if problem is not None:
+                    log.warning("%s", problem)
+                elif said:
+                    log.info("the installed CPPool CRD is this operator's again")
+                said = problem
+        await asyncio.sleep(every_s)
+
+
 def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.startup(registry=registry, id="startup")
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -117,9 +143,15 @@ def register(registry: kopf.OperatorRegistry) -> None:
         memo["kube"] = KubeClient(connection_info())
         if memo.get("metrics") is not None:  # OperatorMetrics, from kopf.run(memo=...)
             memo["metrics"].api_requests = memo["kube"].requests
+        memo["crd_check"] = asyncio.create_task(
+            _keep_checking_crd(memo["kube"], memo.get("metrics"))
+        )
 
     @kopf.on.cleanup(registry=registry, id="cleanup")
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        task = memo.get("crd_check")
+        if task is not None:
+            task.cancel()
         kube = memo.get("kube")
         if kube is not None:
             await kube.close()

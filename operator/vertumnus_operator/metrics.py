@@ -284,6 +284,9 @@ class OperatorMetrics(Collector):
         self.api_requests: Mapping[tuple[str, str], int] | None = None
         """The operator's API requests by (verb, resource) (its KubeClient's ``requests``),
         set once the client exists."""
+        self.crd_current: bool | None = None
+        """The installed CPPool CRD is this operator's (:mod:`.crdcheck`); None: not
+        compared yet."""
         self.registry = CollectorRegistry()
         self.registry.register(self)
 
@@ -349,6 +352,15 @@ class OperatorMetrics(Collector):
         for (verb, resource), count in sorted(requests.items()):
             api.add_metric([verb, resource], count)
         yield api
+        crd = GaugeMetricFamily(
+            "vertumnus_operator_crd_current",
+            "1 when the installed CPPool CRD is the one this operator ships, 0 when it differs "
+            "(helm upgrade does not upgrade CRDs: the API server drops the fields an older "
+            "schema lacks); absent until compared.",
+        )
+        if self.crd_current is not None:
+            crd.add_metric([], 1.0 if self.crd_current else 0.0)
+        yield crd
 
     def _families(self, pools: list[_Copy], gc_series: dict[int, _Buckets]) -> Iterator[Metric]:
         base = ["namespace", "pool"]

@@ -42,7 +42,7 @@ def test_the_chart_and_the_package_ship_the_crds_byte_for_byte(copy):
 def test_crds_prints_the_packaged_copy():
     """What `python -m vertumnus.operator crds` prints comes from the package (a wheel has
     no crds/ folder), and is crds/ itself."""
-    from vertumnus.operator.__main__ import packaged_crds
+    from vertumnus.operator.crdcheck import packaged_crds
 
     shipped = packaged_crds()
     assert [name for name, _ in shipped] == ["cppool.yaml", "kopf-peering.yaml"]
@@ -248,3 +248,53 @@ def test_installation_defaults_fill_unset_images():
     assert (spec.router.image, spec.redis.image) == ("r:1", "d:2")
     spec = crd.parse_spec({**MINIMAL, "router": {"image": "mine"}}, router_image="r:1")
     assert spec.router.image == "mine"
+
+
+def test_the_installed_crd_is_compared_with_the_shipped_one_naming_the_difference(caplog):
+    """``crdcheck``: the first path that differs, and the operator's loop saying so once
+    per change, its gauge following (the real API server: the e2e)."""
+    import asyncio
+    import copy
+    import logging
+
+    from vertumnus.operator import crdcheck, handlers
+    from vertumnus.operator.metrics import OperatorMetrics
+
+    shipped = crdcheck.shipped_cppool()
+    assert crdcheck.difference({"a": [1, {"b": 2}]}, {"a": [1, {"b": 2}]}) is None
+    assert crdcheck.difference({"a": 1}, {"a": 1, "b": 2}) == "b: missing in the installed CRD"
+    assert "in the installed CRD, not in this operator's" in crdcheck.difference({"c": 1}, {})
+    assert crdcheck.difference({"a": [1, 2]}, {"a": [1, 3]}) == (
+        "a[1]: 2 in the installed CRD, 3 in this operator's"
+    )
+    older = copy.deepcopy(shipped)
+    router = older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    del router["properties"]["router"]["properties"]["tls"]
+
+    class Kube:
+        def __init__(self) -> None:
+            self.items = [older]
+
+        async def request(self, method, path, params=None):  # type: ignore[no-untyped-def]
+            assert params == {"fieldSelector": "metadata.name=cppools.vertumnus.io"}
+            return {"items": self.items}
+
+    kube, metrics = Kube(), OperatorMetrics()
+
+    async def rounds() -> None:
+        task = asyncio.create_task(handlers._keep_checking_crd(kube, metrics, every_s=0.01))
+        await asyncio.sleep(0.05)
+        assert metrics.crd_current is False
+        kube.items = [shipped]
+        await asyncio.sleep(0.05)
+        assert metrics.crd_current is True
+        kube.items = []
+        await asyncio.sleep(0.05)
+        task.cancel()
+
+    with caplog.at_level(logging.INFO, logger="vertumnus.operator.handlers"):
+        asyncio.run(rounds())
+    said = [r.getMessage() for r in caplog.records]
+    assert len([m for m in said if "router.properties.tls: missing" in m]) == 1, said  # once
+    assert "the installed CPPool CRD is this operator's again" in said
+    assert any("CRD is not installed" in m and "kubectl apply --server-side" in m for m in said)
