@@ -234,14 +234,13 @@ def _write_crds() -> int:
 def _render(args: argparse.Namespace) -> int:
     import yaml
 
-    from vertumnus.admintls import cert_seed, issue, router_name
+    from vertumnus.admintls import pool_certificate
     from vertumnus.admintoken import pool_token
     from vertumnus.core import transition as tr
     from vertumnus.core.lattice import layout_for
     from vertumnus.operator import resources as res
     from vertumnus.operator.crd import SpecError, parse_spec
     from vertumnus.operator.gang import backend_for
-    from vertumnus.operator.networkpolicy import pool_policies
     from vertumnus.operator.reconcile import pool_objects
 
     try:
@@ -275,17 +274,14 @@ def _render(args: argparse.Namespace) -> int:
         if group is not None:
             items.append(group)
         tls_on = admin_ca is not None and spec.router.admin_tls
-        items += pool_objects(spec, owner, pool.layout, pool.epoch, tls_on)
-        if policies is not None:
-            items += pool_policies(spec, owner, policies)
+        items += pool_objects(spec, owner, pool.layout, pool.epoch, tls_on, policies)
         if admin_key is not None:
             token = pool_token(admin_key, owner.namespace, owner.name, owner.uid)
             tls = None
             if admin_ca is not None and tls_on:
                 now = datetime.datetime.now(datetime.UTC)
-                name = router_name(owner.name, owner.namespace)
-                seed = cert_seed(admin_key, owner.namespace, owner.name, owner.uid)
-                issued = issue(admin_ca[0], admin_ca[1], name, now, seed)
+                o = owner
+                issued = pool_certificate(admin_ca, admin_key, o.namespace, o.name, o.uid, now)
                 tls = (issued.cert_pem, issued.key_pem)
             items.append(res.admin_secret(owner, token, tls))
         if spec.redis.mode == "managed":

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from vertumnus.admintls import AdminTLS, cert_seed, issue, period_of, router_name
+from vertumnus.admintls import AdminTLS, period_of, pool_certificate, router_name
 from vertumnus.admintoken import pool_token
 from vertumnus.core import planner
 from vertumnus.core import transition as tr
@@ -218,8 +218,8 @@ class PoolRuntime:
         self.admin_ca = admin_ca
         """The operator's CA (certificate, key: PEM), which issues the pool's routers the
         Admin port's certificate; None: Admin in plaintext."""
-        self._cert_seed = cert_seed(admin_key, namespace, name, uid)
-        """What the routers' Admin certificates are derived from (:func:`cert_seed`)."""
+        self.admin_key = admin_key
+        """The operator's key: the pool's Admin token and certificates are derived from it."""
         self._issued_period: int | None = None
         self.events = KubeEvents(kube, name, namespace, uid)
         self.clock = clock
@@ -785,11 +785,14 @@ class PoolRuntime:
             self.reconciler.admin_cert = None
             return
         now = datetime.datetime.fromtimestamp(self.clock(), datetime.UTC)
-        if self.reconciler.admin_cert is None or self._issued_period != period_of(now):
-            name = router_name(self.name, self.namespace)
-            issued = issue(self.admin_ca[0], self.admin_ca[1], name, now, self._cert_seed)
+        period = period_of(now)
+        if self.reconciler.admin_cert is None or self._issued_period != period:
+            o = self.owner
+            issued = pool_certificate(
+                self.admin_ca, self.admin_key, o.namespace, o.name, o.uid, now
+            )
             self.reconciler.admin_cert = (issued.cert_pem, issued.key_pem)
-            self._issued_period = period_of(now)
+            self._issued_period = period
 
     def _admin_now(self) -> RouterAdmin:
         if self.admin is None:

@@ -40,11 +40,16 @@ log = logging.getLogger(__name__)
 
 
 def pool_objects(
-    spec: PoolSpec, owner: res.Owner, layout: Layout, epoch: int, admin_tls: bool = False
+    spec: PoolSpec,
+    owner: res.Owner,
+    layout: Layout,
+    epoch: int,
+    admin_tls: bool = False,
+    policies: netpol.Peers | None = None,
 ) -> list[dict[str, Any]]:
     """Every object of the pool except its pods, the gang object and its Secrets (its
-    PodDisruptionBudgets, of the domain pods and of the routers, included); ``admin_tls``:
-    the routers serve Admin over TLS."""
+    PodDisruptionBudgets, of the domain pods and of the routers, included, and with
+    ``policies`` its NetworkPolicies); ``admin_tls``: the routers serve Admin over TLS."""
     objs = [
         res.engines_service(owner, spec),
         res.domains_pdb(owner, spec),
@@ -53,6 +58,7 @@ def pool_objects(
         res.router_service(spec, owner),
         res.router_pdb(owner),
         *res.redis_objects(spec, owner),
+        *([] if policies is None else netpol.pool_policies(spec, owner, policies)),
     ]
     return objs
 
@@ -143,8 +149,7 @@ class Reconciler:
         tls = self.admin_cert
         objs = [
             res.admin_secret(owner, self.admin_token, tls),
-            *pool_objects(spec, owner, layout, epoch, admin_tls=tls is not None),
-            *([] if self.policies is None else netpol.pool_policies(spec, owner, self.policies)),
+            *pool_objects(spec, owner, layout, epoch, tls is not None, self.policies),
         ]
         await asyncio.gather(*(self._apply(o) for o in objs))
         if spec.redis.mode == "managed" and not self._secret_done:

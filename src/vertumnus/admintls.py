@@ -26,6 +26,7 @@ __all__ = [
     "issue",
     "new_ca",
     "period_of",
+    "pool_certificate",
     "read_ca",
     "router_name",
 ]
@@ -104,16 +105,23 @@ def read_ca(cert_file: str, key_file: str) -> tuple[bytes, bytes]:
     return pems[0], pems[1]
 
 
-def new_ca(common_name: str, now: datetime.datetime, days: int = 3650) -> tuple[bytes, bytes]:
-    """A self-signed CA (certificate, key: PEM; P-256), valid from a day before ``now`` for
-    ``days``: what the chart's ``genCA`` makes, for tests and benchmarks (and anyone
-    without cert-manager who wants a CA of their own)."""
+def new_ca(
+    common_name: str, now: datetime.datetime, days: int = 3650, rsa: bool = False
+) -> tuple[bytes, bytes]:
+    """A self-signed CA (certificate, key: PEM; P-256, or RSA 2048 as the chart's ``genCA``
+    makes), valid from a day before ``now`` for ``days``: for tests and benchmarks (and
+    anyone without cert-manager who wants a CA of their own)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.asymmetric import rsa as rsa_keys
     from cryptography.x509.oid import NameOID
 
-    key = ec.generate_private_key(ec.SECP256R1())
+    key: ec.EllipticCurvePrivateKey | rsa_keys.RSAPrivateKey = (
+        rsa_keys.generate_private_key(public_exponent=65537, key_size=2048)
+        if rsa
+        else ec.generate_private_key(ec.SECP256R1())
+    )
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     cert = (
         x509.CertificateBuilder()
@@ -132,6 +140,16 @@ def new_ca(common_name: str, now: datetime.datetime, days: int = 3650) -> tuple[
 
 
 _P256_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
+
+
+def pool_certificate(
+    ca: tuple[bytes, bytes], key: bytes, namespace: str, pool: str, uid: str, now: datetime.datetime
+) -> Issued:
+    """The certificate the operator with ``key`` issues the routers of pool
+    ``namespace/pool`` (``uid``) from ``ca`` at ``now``: for :func:`router_name`, derived
+    from :func:`cert_seed`, so the same all through ``now``'s period."""
+    name = router_name(pool, namespace)
+    return issue(ca[0], ca[1], name, now, cert_seed(key, namespace, pool, uid))
 
 
 def issue(

@@ -15,8 +15,6 @@ import ssl
 import grpc
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.x509.oid import NameOID
 
 from tests.router.test_dispatch import _pool, _send, _sync
 from vertumnus import admintls
@@ -282,30 +280,8 @@ def test_a_seeded_certificate_is_the_same_from_any_issuer_in_its_period(tmp_path
     issue is fresh. Either way it chains to the CA and serves TLS."""
     import datetime as dt
 
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
     ec_ca = make_ca()
-    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rsa-ca")])
-    rsa_cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(rsa_key.public_key())
-        .serial_number(7)
-        .not_valid_before(NOW - dt.timedelta(days=1))
-        .not_valid_after(NOW + dt.timedelta(days=3650))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(rsa_key, hashes.SHA256())
-    )
-    rsa_ca = (
-        rsa_cert.public_bytes(serialization.Encoding.PEM),
-        rsa_key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ),
-    )
+    rsa_ca = admintls.new_ca("rsa-ca", NOW, rsa=True)
     seed = admintls.cert_seed(b"k" * 32, "ns", "pool", "uid-1")
     later = NOW + dt.timedelta(days=3)
     for ca in (ec_ca, rsa_ca):
