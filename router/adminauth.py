@@ -1,4 +1,4 @@
-"""The Admin API's guard: its token, and the certificate of its TLS port.
+"""The Admin API's guard: the token every Admin call must carry.
 
 Admin (``vertumnus.v1.Admin``) can drain every worker of a pool or regroup its
 engines, so a router with ``admin_token_file`` answers an Admin call only when it
@@ -27,9 +27,8 @@ from typing import Any
 import grpc
 
 from vertumnus.admintoken import HEADER, SCHEME, read_token
-from vertumnus.router.certfiles import CertFiles
 
-__all__ = ["ADMIN_PREFIX", "AdminAuth", "TokenFile", "admin_files"]
+__all__ = ["ADMIN_PREFIX", "AdminAuth", "TokenFile"]
 
 _log = logging.getLogger("vertumnus.router")
 
@@ -128,12 +127,3 @@ class AdminAuth(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             "<token>'; vertumnus admin --token-file; in Kubernetes the Secret "
             "<pool>-router-admin, key token)",
         )
-
-
-def admin_files(
-    token_file: str, cert_file: str, key_file: str
-) -> tuple[TokenFile | None, CertFiles | None]:
-    """The Admin port's token and certificate files a router's settings name, read (None
-    where none is named). Raises ValueError naming a file that cannot be used."""
-    tokens = TokenFile(token_file) if token_file else None
-    return tokens, CertFiles(cert_file, key_file, "admin") if cert_file else None

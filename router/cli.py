@@ -235,7 +235,7 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
 
 def cmd_router(args: argparse.Namespace) -> int:
     from vertumnus.router.logs import configure_logging
-    from vertumnus.router.serve import SHUTDOWN_GRACE_S, serve
+    from vertumnus.router.serve import SHUTDOWN_GRACE_S, guard_files, serve
 
     grace = SHUTDOWN_GRACE_S if args.shutdown_grace is None else args.shutdown_grace
     if not grace >= 0:  # also refuses nan
@@ -243,14 +243,7 @@ def cmd_router(args: argparse.Namespace) -> int:
         return 2
     try:
         config = router_config_from_args(args)
-        s = config.settings
-        from vertumnus.router.adminauth import admin_files
-        from vertumnus.router.certfiles import CertFiles
-
-        # The ports' files: a clear error now, before the router starts.
-        admin_files(s.admin_token_file, s.admin_tls_cert_file, s.admin_tls_key_file)
-        if s.tls_cert_file:
-            CertFiles(s.tls_cert_file, s.tls_key_file, "public")
+        guard_files(config.settings)  # the ports' files: a clear error now, before the start
         store = _store(config)
     except ValueError as e:
         print(f"vertumnus: error: {e}", file=sys.stderr)

@@ -28,13 +28,13 @@ from grpc_health.v1 import health_pb2_grpc
 from prometheus_client import start_http_server
 
 from vertumnus.core.store import TrieStore
-from vertumnus.router.adminauth import AdminAuth, admin_files
+from vertumnus.router.adminauth import AdminAuth, TokenFile
 from vertumnus.router.certfiles import CertFiles
 from vertumnus.router.router import Router
 from vertumnus.router.service import NOT_SERVING, SERVING, add_services
 from vertumnus.router.settings import RouterSettings
 
-__all__ = ["SHUTDOWN_GRACE_S", "RunningRouter", "serve", "start_router"]
+__all__ = ["SHUTDOWN_GRACE_S", "RunningRouter", "guard_files", "serve", "start_router"]
 
 _log = logging.getLogger("vertumnus.router")
 
@@ -106,6 +106,22 @@ class RunningRouter:
             self._metrics_server.shutdown()
 
 
+def guard_files(
+    settings: RouterSettings,
+) -> tuple[TokenFile | None, CertFiles | None, CertFiles | None]:
+    """The files the settings name, read: the Admin token, the Admin port's certificate,
+    the public port's (None where none is named). Raises ValueError naming a file that
+    cannot be used (``vertumnus router`` checks them so before it starts)."""
+    s = settings
+    return (
+        TokenFile(s.admin_token_file) if s.admin_token_file else None,
+        CertFiles(s.admin_tls_cert_file, s.admin_tls_key_file, "admin")
+        if s.admin_tls_cert_file
+        else None,
+        CertFiles(s.tls_cert_file, s.tls_key_file, "public") if s.tls_cert_file else None,
+    )
+
+
 async def start_router(
     settings: RouterSettings,
     engines: Sequence[str],
@@ -117,14 +133,7 @@ async def start_router(
 ) -> RunningRouter:
     """Bind the ports, discover the engines, start serving."""
     # Read before anything starts: a router told to guard Admin never serves it unguarded.
-    tokens, certs = admin_files(
-        settings.admin_token_file, settings.admin_tls_cert_file, settings.admin_tls_key_file
-    )
-    public = (
-        CertFiles(settings.tls_cert_file, settings.tls_key_file, "public")
-        if settings.tls_cert_file
-        else None
-    )
+    tokens, certs, public = guard_files(settings)
     router = Router(settings, engines, store=store, router_id=router_id)
     guard = [] if tokens is None else [AdminAuth(tokens, router.metrics.admin_refused)]
     options = [("grpc.so_reuseport", 0)]

@@ -24,6 +24,8 @@ import os
 import sys
 from typing import Any
 
+from vertumnus.channels import add_tls_flags, channel
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("admin", help="look at and steer a running pool (its router's Admin API)")
@@ -39,19 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             help="send the admin token on this file's first line (default "
             "$VERTUMNUS_ADMIN_TOKEN_FILE; in Kubernetes the Secret <pool>-router-admin)",
         )
-        v.add_argument(
-            "--tls-ca-file",
-            default="",
-            metavar="PATH",
-            help="dial over TLS, verifying the router against this CA (PEM; in Kubernetes the "
-            "operator's CA, ca.crt of the Secret <release>-vertumnus-operator-admin-key)",
-        )
-        v.add_argument(
-            "--tls-server-name",
-            default="",
-            metavar="NAME",
-            help="the name the router's certificate must carry, when --target does not "
-            "(an operator's pool: NAME-router.NAMESPACE.svc)",
+        add_tls_flags(
+            v,
+            "in Kubernetes the operator's CA, ca.crt of the Secret "
+            "<release>-vertumnus-operator-admin-key",
         )
         v.add_argument("--json", action="store_true", help="print the answer as JSON")
         v.add_argument(
@@ -79,8 +72,8 @@ def _call(args: argparse.Namespace) -> Any:
     from vertumnus.admintoken import bearer, read_token
 
     md = bearer(read_token(args.token_file)) if args.token_file else ()
-    with _channel(args) as channel:
-        stub = pool_pb2_grpc.AdminStub(channel)
+    with channel(args.target, args.tls_ca_file, args.tls_server_name) as ch:
+        stub = pool_pb2_grpc.AdminStub(ch)
         kw = {"timeout": args.timeout, "metadata": md}
         cmd = args.admin_cmd
         if cmd == "pool":
@@ -99,12 +92,6 @@ def _call(args: argparse.Namespace) -> Any:
                 pool_pb2.ReconfigureRequest(merge=pair, reason="vertumnus admin"), **kw
             )
         return stub.Scan(pool_pb2.ScanRequest(), **kw)
-
-
-def _channel(args: argparse.Namespace) -> Any:
-    from vertumnus.channels import channel
-
-    return channel(args.target, args.tls_ca_file, args.tls_server_name)
 
 
 def cmd_admin(args: argparse.Namespace) -> int:

@@ -71,8 +71,9 @@ class AdminTLS:
         return grpc.ssl_channel_credentials(root_certificates=self.ca_pem)
 
     def options(self) -> list[tuple[str, str]]:
-        # The operator dials pod addresses; the name checked is the Service's.
-        return [("grpc.ssl_target_name_override", self.server_name)]
+        # The operator dials pod addresses; the name checked is the Service's. Empty: the
+        # name the client dials.
+        return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,25 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["channel"]
+__all__ = ["add_tls_flags", "channel"]
+
+
+def add_tls_flags(p: Any, ca_hint: str) -> None:
+    """``--tls-ca-file`` and ``--tls-server-name`` of a client command (``ca_hint``: where
+    its CA comes from), for :func:`channel`."""
+    p.add_argument(
+        "--tls-ca-file",
+        default="",
+        metavar="PATH",
+        help=f"dial over TLS, verifying the router against this CA (PEM; {ca_hint})",
+    )
+    p.add_argument(
+        "--tls-server-name",
+        default="",
+        metavar="NAME",
+        help="the name the router's certificate must carry, when --target does not (a "
+        "port-forward to 127.0.0.1; an operator's pool: NAME-router.NAMESPACE.svc)",
+    )
 
 
 def channel(target: str, ca_file: str = "", server_name: str = "", aio: bool = False) -> Any:
@@ -20,14 +38,14 @@ def channel(target: str, ca_file: str = "", server_name: str = "", aio: bool = F
     cannot be read."""
     import grpc
 
+    from vertumnus.admintls import AdminTLS
+
     kind = grpc.aio if aio else grpc
     if not ca_file:
         return kind.insecure_channel(target)
     try:
         with open(ca_file, "rb") as f:
-            ca = f.read()
+            tls = AdminTLS(f.read(), server_name)
     except OSError as e:
         raise ValueError(f"--tls-ca-file {ca_file}: {e.strerror or e}") from None
-    options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
-    creds = grpc.ssl_channel_credentials(root_certificates=ca)
-    return kind.secure_channel(target, creds, options=options)
+    return kind.secure_channel(target, tls.credentials(), options=tls.options())

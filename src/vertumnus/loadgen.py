@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from vertumnus.channels import add_tls_flags, channel
 from vertumnus.core.types import Request
 
 __all__ = ["LoadReport", "request_tokens", "run_load"]
@@ -126,7 +127,6 @@ async def run_load(
     import grpc
 
     from vertumnus._proto import pool_pb2, pool_pb2_grpc
-    from vertumnus.channels import channel
 
     report = LoadReport(target)
     memo: dict[int, list[int]] = {}
@@ -255,19 +255,8 @@ def register(sub: Any) -> None:
         default=120.0,
         help="each request's deadline in seconds (default 120)",
     )
-    p.add_argument(
-        "--tls-ca-file",
-        default="",
-        metavar="PATH",
-        help="dial over TLS, verifying the router against this CA (PEM): a router whose public "
-        "port serves TLS (vertumnus router --tls-cert-file; a CPPool's spec.router.tls)",
-    )
-    p.add_argument(
-        "--tls-server-name",
-        default="",
-        metavar="NAME",
-        help="the name the router's certificate must carry, when --target does not (a "
-        "port-forward to 127.0.0.1)",
+    add_tls_flags(
+        p, "a router whose public port serves TLS: --tls-cert-file, a CPPool's spec.router.tls"
     )
     p.add_argument("--json", dest="json_out", required=True, help="write the report here")
     p.add_argument(
