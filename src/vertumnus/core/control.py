@@ -41,7 +41,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from vertumnus.core import changepoint, kappa, planner, probes, whatif
+from vertumnus.core import changepoint, kappa, planner, probes, shadow, whatif
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.memory import DIRECTIONS, Look, Memory
 from vertumnus.core.metrics import SloRule
@@ -70,6 +70,9 @@ class Tick:
     kappa: Mapping[int, float] | None = None
     """κ per degree the rules read this window (the learned one with
     ``learn_capacity``, else the shipped one)."""
+    shadow: tuple[shadow.Comparison, ...] = ()
+    """The shadow pools' comparisons this window (``PlannerSettings.shadow``; at
+    window boundaries only)."""
 
 
 @dataclass(frozen=True)
@@ -187,9 +190,12 @@ class Controller:
         block_size: int = 512,
         slo: SloRule | None = None,
         memory: Memory | None = None,
+        cache_blocks_per_gpu: int | None = None,
     ) -> None:
         """``memory``: what a previous controller of this pool remembered
-        (:meth:`memory`), when a shell restarts it; None: a new pool's."""
+        (:meth:`memory`), when a shell restarts it; None: a new pool's.
+        ``cache_blocks_per_gpu``: the workers' prefix-cache size, for the shadow
+        pools (``settings.shadow``; None: no shadows)."""
         self.state = state
         self.block_size = block_size
         self.capacity = capacity
@@ -229,6 +235,26 @@ class Controller:
         from :meth:`placed` / :meth:`completed` (a shell with the prefill model, which
         sets each request's τ) or as sums (:meth:`capacity_reported`)."""
         self.samples = kappa.SampleBook(hops_per_sample=settings.hops_per_window)
+        self.shadows = (
+            shadow.ShadowBank(
+                model,
+                self.params,
+                cache_blocks_per_gpu,
+                block_size,
+                settings.shadow_horizon_s,
+                settings.shadow_warmup_s,
+            )
+            if settings.shadow and model is not None and cache_blocks_per_gpu is not None
+            else None
+        )
+        """The shadow pools (``settings.shadow``), fed by :meth:`placed`; not part of
+        :meth:`memory`: a restarted controller's start cold."""
+        self._moved_s = -math.inf
+        """When (the shadows' clock: the latest arrival) the last move started."""
+        self._anchor_s = -math.inf
+        """When the last move the shadows did not decide started: they compare since."""
+        self._compared: tuple[shadow.Comparison, ...] = ()
+        """The shadows' last comparisons (at the last boundary)."""
         self._degrees: tuple[planner.Layout, dict[int, int]] | None = None
         if self.learner is not None and learned is not None:
             self.capacity = self.learner.profile()
@@ -264,6 +290,8 @@ class Controller:
         (:meth:`ControlWindows.placed`), and it is tracked for the capacity samples."""
         self.windows.placed(request, estimate_s, cached_tokens)
         self.track(request, worker, estimate_s)
+        if self.shadows is not None:
+            self.shadows.serve(request)
 
     def track(self, request: Request, worker: int, estimate_s: float) -> None:
         """Track a first placement for the capacity samples only (a shell that counts
@@ -335,6 +363,7 @@ class Controller:
         # The check's first replay (the current composition) starts now, so that on
         # threads it runs while the rules decide.
         replays = self._replays(before, reconfiguring)
+        goal = self._goal
         since = None if replays is None else self._since_change(before, replays)
         with contextlib.ExitStack() as stack:
             for r in (replays, since):
@@ -352,9 +381,26 @@ class Controller:
                 ops = ()
             check = None
             if replays is not None:
-                goal = self._goal
                 check, ops = self._check(before, obs, ops, replays, boundary, since)
                 check, ops = self._damp(before, goal, check, ops)
+        compared: tuple[shadow.Comparison, ...] = ()
+        if self.shadows is not None and boundary and not reconfiguring:
+            if ops and self._shadow_veto(before, ops, check):
+                self._stand(before, goal)
+                ops = ()
+                if check is not None:
+                    check = replace(check, verdict="shadow-veto")
+            compared, shadowed = self._shadow_look(before, obs, ops)
+            if shadowed:
+                ops = shadowed
+                if check is not None:
+                    check = replace(check, verdict="shadow")
+            elif ops:
+                # A move the shadows did not decide (a phase change, the rules): the
+                # evidence before it was another pool's.
+                self._anchor_s = self.shadows.now_s
+        if ops and self.shadows is not None:
+            self._moved_s = self.shadows.now_s
         k_cap = self.capacity.capacity_per_s(s.degree for s in self.state.layout.slots)
         tick = Tick(
             obs,
@@ -363,9 +409,100 @@ class Controller:
             None if self.state.target is None else str(self.state.target),
             check,
             dict(self.capacity.kappa_per_s),
+            compared,
         )
         self.windows.close_hop()
         return tick
+
+    def _shadow_veto(
+        self,
+        before: planner.ControllerState,
+        ops: tuple[planner.Op, ...],
+        check: WhatIf | None,
+    ) -> bool:
+        """A move that is not decisive (the window's estimate gains less than
+        ``whatif_decisive``, on the whole window) toward a composition the shadows'
+        last comparison, over ``shadow_min_s`` at least, finds worse than the current
+        one (the weighed gain below 0): the window's estimate against minutes of
+        the pool's own requests, the estimate loses."""
+        ps = self.settings
+        if check is not None and check.since_s is not None:
+            return False
+        target = self.state.target or self._after(before.layout, ops)
+        if check is not None:
+            found = [e for _, e in check.candidates if e.composition == target]
+            if check.proposed is not None and check.proposed.composition == target:
+                found.append(check.proposed)
+            cur = check.current.mean_s
+            if found and cur > 0 and 1.0 - found[0].mean_s / cur >= ps.whatif_decisive:
+                return False
+        w = ps.whatif_lean_p90
+        for c in self._compared:
+            if c.composition == target and c.span_s >= ps.shadow_min_s:
+                return (1.0 - w) * c.mean_gain + w * c.p90_gain < 0.0
+        return False
+
+    def _shadow_look(
+        self,
+        before: planner.ControllerState,
+        obs: planner.WindowObservation,
+        ops: tuple[planner.Op, ...],
+    ) -> tuple[tuple[shadow.Comparison, ...], tuple[planner.Op, ...]]:
+        """The shadow pools' look (``settings.shadow``): follow the current composition
+        and the compositions along its split and merge paths, compare them, and
+        move to the neighbour that beats the current one by ``shadow_margin`` if
+        nothing else moves (``ops``) and the pool has stood long enough."""
+        assert self.shadows is not None
+        ps = self.settings
+        layout = before.layout
+        current = layout.composition
+        if before.pending or self._goal is not None or self.state.pending:
+            return (), ()
+        paths = {
+            d: {st[-1].composition: st for st in probes.along(layout, obs.workers, d, ps)}
+            for d in DIRECTIONS
+        }
+        self.shadows.follow({current, *paths["split"], *paths["merge"]})
+        compared = self._compared = tuple(self.shadows.compare(current, self._anchor_s))
+        if ops or self.shadows.now_s - self._moved_s < ps.shadow_min_s:
+            return compared, ()
+        w, m = ps.whatif_lean_p90, ps.shadow_margin
+        best = max(
+            (
+                c
+                for c in compared
+                if c.span_s >= ps.shadow_min_s and c.mean_gain >= -m and c.p90_gain >= -m
+            ),
+            key=lambda c: (1.0 - w) * c.mean_gain + w * c.p90_gain,
+            default=None,
+        )
+        if best is None or (1.0 - w) * best.mean_gain + w * best.p90_gain < m:
+            return compared, ()
+        direction = "split" if best.composition in paths["split"] else "merge"
+        steps = paths[direction][best.composition]
+        start = planner.startable([st.op for st in steps], layout, (), self.capacity, ps)
+        if not start:
+            return compared, ()
+        why = (
+            f"shadow: {best.composition} {best.mean_gain:+.1%} mean, {best.p90_gain:+.1%} P90 "
+            f"over {current} on the last {best.span_s:.0f} s"
+        )
+        start = tuple(replace(op, reason=why) for op in start)
+        self._streak = ("", 0)
+        self._lean = ("", ())
+        self._goal = (direction, best.composition)
+        self.state = replace(
+            before,
+            split_streak=0,
+            merge_streak=0,
+            confirming=(),
+            pending=start,
+            momentum=None,
+            target=best.composition,
+            plan=(),
+            history=before.history + (why,),
+        )
+        return compared, start
 
     def _replays(
         self, before: planner.ControllerState, reconfiguring: bool

@@ -260,6 +260,24 @@ class PlannerSettings:
     (:func:`vertumnus.core.probes.affordable`). A 40-GPU
     pool's look needs a tenth of it (docs/benchmarks/adaptive.md, "A bound on a
     look's replays")."""
+    shadow: bool = False
+    """Shadow pools (:mod:`vertumnus.core.shadow`; needs a shell that hands the
+    controller each request with its block keys, and the cache size): the
+    current composition and its neighbours each serve the pool's requests
+    alongside it, continuously, and at each window boundary with nothing else
+    decided, a neighbour whose pooled TTFTs over the last ``shadow_horizon_s``
+    beat the current one's by ``shadow_margin`` (the mean's gain and the P90's,
+    weighed by ``whatif_lean_p90``; neither worse by more than the margin) is
+    moved to. False: the window replays alone."""
+    shadow_horizon_s: float = 600.0
+    """Seconds of requests the shadows' comparison pools."""
+    shadow_min_s: float = 300.0
+    """A comparison needs this many seconds of requests both shadows served warm,
+    and the pool this many seconds since its last move."""
+    shadow_warmup_s: float = 60.0
+    """A new shadow starts cold: its first this many seconds are not compared."""
+    shadow_margin: float = 0.01
+    """The weighed gain a neighbour's shadow must show over the current one's."""
     learn_capacity: bool = False
     """κ that follows the workload (:mod:`vertumnus.core.kappa`): the rules read
     the shipped κ corrected online from the workers' own hops (demand against
@@ -324,6 +342,16 @@ class PlannerSettings:
             raise ValueError(f"flap_s and damp_s must be > 0, got {self.flap_s}, {self.damp_s}")
         if not self.whatif_change >= 0:
             raise ValueError(f"whatif_change must be >= 0 (0: off), got {self.whatif_change}")
+        if not (self.shadow_horizon_s > 0 and 0 < self.shadow_min_s <= self.shadow_horizon_s):
+            raise ValueError(
+                f"need 0 < shadow_min_s <= shadow_horizon_s, got {self.shadow_min_s}, "
+                f"{self.shadow_horizon_s}"
+            )
+        if self.shadow_warmup_s < 0 or not 0 <= self.shadow_margin < 1:
+            raise ValueError(
+                f"shadow_warmup_s must be >= 0 and shadow_margin in [0, 1), got "
+                f"{self.shadow_warmup_s}, {self.shadow_margin}"
+            )
         object.__setattr__(self, "degrees", tuple(sorted(set(self.degrees))))
 
     @property

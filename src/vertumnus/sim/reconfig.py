@@ -314,6 +314,9 @@ class AdaptiveController:
                     "operations": len(tick.ops),
                     "target": tick.target,
                     "whatif": None if tick.whatif is None else tick.whatif.to_dict(),
+                    # The shadows' comparisons, where there are shadows
+                    # (PlannerSettings.shadow): without, the record is as before.
+                    **({"shadow": [c.to_dict() for c in tick.shadow]} if tick.shadow else {}),
                     "kappa": None
                     if tick.kappa is None
                     else {str(d): k for d, k in tick.kappa.items()},
@@ -436,6 +439,7 @@ def build_adaptive(
         opts.placement,
         trace.block_size,
         opts.slo,
+        cache_blocks_per_gpu=opts.cache_blocks_per_gpu,
     )
     sim.attachments["controller"] = AdaptiveController(sim, controller, executor, horizon)
     sim.attachments["executor"] = executor
