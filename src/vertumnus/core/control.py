@@ -436,10 +436,9 @@ class Controller:
             cur = check.current.mean_s
             if found and cur > 0 and 1.0 - found[0].mean_s / cur >= ps.whatif_decisive:
                 return False
-        w = ps.whatif_lean_p90
         for c in self._compared:
             if c.composition == target and c.span_s >= ps.shadow_min_s:
-                return (1.0 - w) * c.mean_gain + w * c.p90_gain < 0.0
+                return c.weighed(ps.whatif_lean_p90) < 0.0
         return False
 
     def _shadow_look(
@@ -473,10 +472,10 @@ class Controller:
                 for c in compared
                 if c.span_s >= ps.shadow_min_s and c.mean_gain >= -m and c.p90_gain >= -m
             ),
-            key=lambda c: (1.0 - w) * c.mean_gain + w * c.p90_gain,
+            key=lambda c: c.weighed(w),
             default=None,
         )
-        if best is None or (1.0 - w) * best.mean_gain + w * best.p90_gain < m:
+        if best is None or best.weighed(w) < m:
             return compared, ()
         direction = "split" if best.composition in paths["split"] else "merge"
         steps = paths[direction][best.composition]
@@ -487,22 +486,7 @@ class Controller:
             f"shadow: {best.composition} {best.mean_gain:+.1%} mean, {best.p90_gain:+.1%} P90 "
             f"over {current} on the last {best.span_s:.0f} s"
         )
-        start = tuple(replace(op, reason=why) for op in start)
-        self._streak = ("", 0)
-        self._lean = ("", ())
-        self._goal = (direction, best.composition)
-        self.state = replace(
-            before,
-            split_streak=0,
-            merge_streak=0,
-            confirming=(),
-            pending=start,
-            momentum=None,
-            target=best.composition,
-            plan=(),
-            history=before.history + (why,),
-        )
-        return compared, start
+        return compared, self._begin(before, direction, best.composition, start, why)
 
     def _replays(
         self, before: planner.ControllerState, reconfiguring: bool
@@ -940,8 +924,24 @@ class Controller:
         )
         if replays.since_s is not None:
             why += f", on the last {replays.since_s:g} s (a change of arrivals)"
+        start = self._begin(before, direction, best.composition, start, why)
+        return WhatIf(current, candidates, proposed, verdict), start
+
+    def _begin(
+        self,
+        before: planner.ControllerState,
+        direction: str,
+        target: Composition,
+        start: Sequence[planner.Op],
+        why: str,
+    ) -> tuple[planner.Op, ...]:
+        """A move the controller decided itself (the what-if check's or the shadows'):
+        its first operations ``start``, with ``why`` as their reason, pending toward
+        ``target``, and the streaks that led to it reset."""
         start = tuple(replace(op, reason=why) for op in start)
-        self._goal = (direction, best.composition)
+        self._streak = ("", 0)
+        self._lean = ("", ())
+        self._goal = (direction, target)
         self.state = replace(
             before,
             split_streak=0,
@@ -949,11 +949,11 @@ class Controller:
             confirming=(),
             pending=start,
             momentum=None,
-            target=best.composition,
+            target=target,
             plan=(),
             history=before.history + (why,),
         )
-        return WhatIf(current, candidates, proposed, verdict), start
+        return start
 
     @staticmethod
     def _after(layout: planner.Layout, ops: Sequence[planner.Op]) -> Composition:

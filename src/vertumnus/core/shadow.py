@@ -47,7 +47,7 @@ class Shadow:
 
     __slots__ = (
         "arrivals", "block_size", "caches", "composition", "degrees", "free", "lam", "model",
-        "params", "started_s", "ttfts", "_waiting",
+        "params", "started_s", "ttfts", "_max_tokens", "_waiting",
     )  # fmt: skip
 
     def __init__(
@@ -66,6 +66,7 @@ class Shadow:
         self.degrees = sorted(composition.degrees)
         smallest = self.degrees[0]
         self.lam = [params.lam * (d / smallest - 1.0) for d in self.degrees]
+        self._max_tokens = [model.max_tokens(d) for d in self.degrees]
         self.free = [started_s] * len(self.degrees)
         self.caches = [BlockCache(cache_blocks_per_gpu * d) for d in self.degrees]
         self._waiting = WaitingWorkers(len(self.degrees))
@@ -84,7 +85,7 @@ class Shadow:
         best: tuple[float, float, int] | None = None
         found = (0.0, 0.0, 0)
         for w, d in enumerate(self.degrees):
-            if request.length > self.model.max_tokens(d):
+            if request.length > self._max_tokens[w]:
                 continue
             m = self.caches[w].match(keys)
             reused = cached_tokens(m, request.length, self.block_size)
@@ -126,6 +127,10 @@ class Comparison:
     mean_gain: float
     """1 − candidate's mean TTFT / the current one's (positive: the candidate is faster)."""
     p90_gain: float
+
+    def weighed(self, p90_weight: float) -> float:
+        """The gain with the P90's weighed by ``p90_weight``, the mean's by the rest."""
+        return (1.0 - p90_weight) * self.mean_gain + p90_weight * self.p90_gain
 
     def to_dict(self) -> dict[str, object]:
         return {
