@@ -433,10 +433,16 @@ def test_the_routers_controller_runs_the_what_if_check_on_real_requests(tmp_path
     """The router's own controller (``vertumnus up``) feeds the check the requests it
     placed: each window with enough of them gets a verdict, and whatever it decides,
     every request is answered once. With ``learn_capacity`` it also turns the
-    requests' TTFTs into capacity samples and exports the κ its rules read."""
+    requests' TTFTs into capacity samples and exports the κ its rules read; with
+    ``shadow`` its shadow pools, sized as the engine's caches, serve the requests."""
     e = ps.Engine(2, [2], tmp_path / "engine.log").start()
     control = planner.PlannerSettings(
-        window_s=1.0, domain_size=2, degrees=(1, 2), min_requests=5, learn_capacity=True
+        window_s=1.0,
+        domain_size=2,
+        degrees=(1, 2),
+        min_requests=5,
+        learn_capacity=True,
+        shadow=True,
     )
 
     async def scenario():  # type: ignore[no-untyped-def]
@@ -466,8 +472,13 @@ def test_the_routers_controller_runs_the_what_if_check_on_real_requests(tmp_path
                 if m.name == "vertumnus_controller_kappa"
                 for s in m.samples
             }
-            learner = running.router.controller.learner  # type: ignore[union-attr]
-            return answers, verdicts, kappa, learner.samples
+            controller = running.router.controller
+            assert controller is not None and controller.shadows is not None
+            blocks = running.router.engine_info[0].cache_blocks_per_rank
+            assert controller.shadows.cache_blocks_per_gpu == blocks > 0
+            served = {str(c): len(s.ttfts) for c, s in controller.shadows.shadows.items()}
+            assert len(served) > 1 and all(n > 0 for n in served.values()), served
+            return answers, verdicts, kappa, controller.learner.samples  # type: ignore[union-attr]
         finally:
             await running.stop()
 
@@ -480,7 +491,7 @@ def test_the_routers_controller_runs_the_what_if_check_on_real_requests(tmp_path
     shipped = load_capacity("cpu-tiny").kappa_per_s
     assert set(kappa) == {str(d) for d in shipped} and all(k > 0 for k in kappa.values())
     assert sum(verdicts.values()) >= 2, verdicts  # windows with >= 5 requests were checked
-    assert set(verdicts) <= {"agree", "extend", "veto", "trigger", "wait", "stay"}
+    assert set(verdicts) <= {"agree", "extend", "veto", "trigger", "wait", "stay", "shadow-veto"}
 
 
 def test_an_operator_run_pools_router_reports_capacity_sums_the_controller_learns_from(

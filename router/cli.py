@@ -165,6 +165,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="run the composition controller here (no operator): split and merge by window demand",
     )
     p.add_argument(
+        "--no-shadow",
+        action="store_true",
+        help="with --controller: no shadow pools (by default the current composition and its "
+        "neighbours serve the requests alongside the pool, up to 64 GPUs, and a neighbour "
+        "better over the last minutes is moved to)",
+    )
+    p.add_argument(
         "--log-format",
         choices=("json", "text"),
         default="json",
@@ -219,7 +226,13 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
 
         # The what-if check replays a large window's candidates on two threads
         # where the host has the cores (the estimates are the same either way).
-        changes["controller"] = PlannerSettings(whatif_threads=min(2, os.cpu_count() or 1))
+        changes["controller"] = PlannerSettings(
+            whatif_threads=min(2, os.cpu_count() or 1), shadow=not args.no_shadow
+        )
+    elif args.no_shadow:
+        raise ValueError(
+            "--no-shadow needs --controller (an operator's pool: spec.controller.shadow)"
+        )
     engines = tuple(args.engine) if args.engine else base.engines
     if not engines:
         raise ValueError(

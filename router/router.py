@@ -944,9 +944,20 @@ class Router:
         capacity = load_capacity(self.model.name)
         state = planner.ControllerState(layout=self.pool.layout, epoch=self.pool.epoch)
         self.controller = Controller(
-            state, capacity, settings, self.model, self.settings.placement, self.block_size
+            state,
+            capacity,
+            settings,
+            self.model,
+            self.settings.placement,
+            self.block_size,
+            cache_blocks_per_gpu=self.cache_blocks_per_gpu() or None,
         )
         self._spawn(self._control_loop(), "controller")
+
+    def cache_blocks_per_gpu(self) -> int:
+        """The workers' prefix-cache size in blocks per GPU: the least over the engines
+        (0 before they are discovered)."""
+        return min((e.cache_blocks_per_rank for e in self.engine_info), default=0)
 
     async def _control_loop(self) -> None:
         assert self.controller is not None and self.core is not None
@@ -960,6 +971,11 @@ class Router:
             for request, cached, worker, estimate_s in hop.placed:
                 windows.seen(request, cached)
                 self.controller.track(request, worker, estimate_s)
+            if self.controller.shadows is not None:
+                # On a thread: the shadows place every request of the hop again, once
+                # each (milliseconds on a large pool), and the loop keeps serving.
+                arrived = sorted((row[0] for row in hop.placed), key=lambda r: r.arrival_s)
+                await asyncio.to_thread(self.controller.shadow_serve, arrived)
             for request_id, ttft_s in hop.completed:
                 self.controller.completed(request_id, ttft_s)
             for worker, blocks in hop.reused.items():

@@ -235,6 +235,7 @@ class AdminServicer(pool_pb2_grpc.AdminServicer):
             ],
             placed_columns=_columns(report.listed),
             placed_left_out=report.left_out,
+            cache_blocks_per_gpu=self.router.cache_blocks_per_gpu(),
         )
 
 

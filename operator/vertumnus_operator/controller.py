@@ -23,30 +23,51 @@ from vertumnus.core.lattice import Layout, Slot, layout_for
 from vertumnus.core.types import Composition, Request
 from vertumnus.operator.routerapi import Window
 
-__all__ = ["feed", "next_pinned_op"]
+__all__ = ["decide", "feed", "next_pinned_op", "observe"]
 
 
 def feed(controller: Controller, window: Window, layout: Layout, in_flight: bool) -> Tick | None:
-    """One hop: add the summed reports, tick. ``in_flight``: a transition is running.
+    """One hop: add the summed reports (:func:`observe`), let the shadow pools serve
+    the hop's requests, tick (:func:`decide`). ``in_flight``: a transition is running."""
+    controller.shadow_serve(observe(controller, window))
+    return decide(controller, window, layout, in_flight)
 
-    With a prefill model (the what-if check on), the replicas' listed placements
-    become the window's requests, arriving at the hop's start plus their offset on
-    the operator's clock. A hop some replica listed only in part (its per-hop
-    limit) is marked cut, and the check skips the windows that hold it."""
+
+def observe(controller: Controller, window: Window) -> list[Request]:
+    """Add one hop's summed reports to the controller's windows; return the requests
+    for its shadow pools.
+
+    With a prefill model (the what-if check or the shadow pools on), the replicas'
+    listed placements become the window's requests, arriving at the hop's start plus
+    their offset on the operator's clock. A hop some replica listed only in part (its
+    per-hop limit) is marked cut: the check skips the windows that hold it, and the
+    shadows start over (no requests for them: they missed some)."""
     windows = controller.windows
     windows.add(window.demand_s, window.requests, window.long_requests, window.long_demand_s)
+    if window.cache_blocks_per_gpu:
+        controller.shadow_cache(window.cache_blocks_per_gpu)
+    requests = []
     if controller.model is not None:
+        whole = not window.placed_left_out
         for i, (offset, length, cached, keys) in enumerate(window.placed):
             if length < 1:
-                windows.cut()  # a malformed row: not this hop's whole load
+                whole = False  # a malformed row: not this hop's whole load
                 continue
             request = Request(i, window.started_s + max(0.0, offset), length, keys)
             windows.seen(request, min(cached, length - 1))
-        if window.placed_left_out:
+            requests.append(request)
+        if not whole:
             windows.cut()
+            controller.shadow_gap()
+            requests = []
     controller.capacity_reported(window.capacity, window.hop)
     for worker, blocks in window.reused_blocks.items():
         windows.reused(worker, blocks)
+    return requests
+
+
+def decide(controller: Controller, window: Window, layout: Layout, in_flight: bool) -> Tick | None:
+    """The controller's look at the windows :func:`observe` filled."""
     running = running_of(layout, window.running_remaining_s)
     return controller.tick(running, window.reconfiguring or in_flight)
 

@@ -133,6 +133,8 @@ class ControllerSpec:
     checks_per_window: int = 8
     whatif_threads: int = 1
     whatif_rows: int = 350_000
+    shadow: bool = True
+    shadow_max_gpus: int = 64
     damp_flaps: int = 2
 
     @property
@@ -263,6 +265,8 @@ class PoolSpec:
             whatif=c.whatif,
             whatif_threads=c.whatif_threads,
             whatif_rows=c.whatif_rows,
+            shadow=c.shadow,
+            shadow_max_gpus=c.shadow_max_gpus,
             damp_flaps=c.damp_flaps,
             domain_size=self.gpus_per_domain,
             degrees=self.degrees,
@@ -546,6 +550,8 @@ def parse_spec(
         checks_per_window=_int(c, "checksPerWindow", cp, 8, 1, 64),
         whatif_threads=_int(c, "whatifThreads", cp, 1, 1, 16),
         whatif_rows=_int(c, "whatifRows", cp, 350_000, 1, 1_000_000_000),
+        shadow=_bool(c, "shadow", cp, True),
+        shadow_max_gpus=_int(c, "shadowMaxGpus", cp, 64, 0, 1_000_000),
         damp_flaps=_int(c, "dampFlaps", cp, 2, 0, 100),
     )
     if not controller.lower < controller.upper:

@@ -618,9 +618,9 @@ class PoolRuntime:
                 state = None
                 memory = None if memory is None else memory.without_plans()
         model = None
-        if spec.controller.whatif:
-            # The what-if check replays the routers' listed placements with the
-            # profile's prefill-time model.
+        if spec.controller.whatif or spec.controller.shadow:
+            # The what-if check replays the routers' listed placements, and the shadow
+            # pools serve them, with the profile's prefill-time model.
             try:
                 model = load_model(spec.model.profile)
             except ProfileError as e:

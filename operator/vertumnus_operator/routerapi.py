@@ -73,6 +73,9 @@ class Window:
     started_s: float = 0.0
     """When the hop began on the operator's monotonic clock (its previous take): the
     placements arrived ``started_s`` + their offset."""
+    cache_blocks_per_gpu: int = 0
+    """The workers' prefix-cache size in blocks per GPU, the least any replica reports
+    (0: none did), for the shadow pools."""
 
 
 def placed_rows(report: pool_pb2.WindowReport) -> list[tuple[float, int, int, tuple[int, ...]]]:
@@ -165,6 +168,10 @@ class RouterAdmin:
             ]
             w.placed += placed_rows(r)
             w.placed_left_out += r.placed_left_out
+            if r.cache_blocks_per_gpu:
+                w.cache_blocks_per_gpu = min(
+                    w.cache_blocks_per_gpu or r.cache_blocks_per_gpu, r.cache_blocks_per_gpu
+                )
         w.placed.sort(key=lambda row: row[0])
         if self._taken is not None and self._taken[0] == hop:
             w.started_s = self._taken[1]  # a retried take: the same hop, the same start

@@ -73,10 +73,15 @@ def _timed_feed(
     controller: Controller, window: Window, layout: Layout, in_flight: bool
 ) -> tuple[Tick | None, float]:
     """:func:`~vertumnus.operator.controller.feed`, and its wall time on the thread that
-    ran it (what ``vertumnus_controller_decision_seconds`` reports: not the wait for it)."""
+    ran it (what ``vertumnus_controller_decision_seconds`` reports: not the wait for it,
+    nor the shadow pools' upkeep, which grows with the hop's requests, not the look)."""
     began = time.perf_counter()
-    tick = ctl.feed(controller, window, layout, in_flight)
-    return tick, time.perf_counter() - began
+    requests = ctl.observe(controller, window)
+    observed = time.perf_counter() - began
+    controller.shadow_serve(requests)
+    began = time.perf_counter()
+    tick = ctl.decide(controller, window, layout, in_flight)
+    return tick, observed + time.perf_counter() - began
 
 
 def _ids(slots: Sequence[Slot]) -> str:

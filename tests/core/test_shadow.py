@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from vertumnus.core import planner
+from vertumnus.core.control import Controller
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.placement import PlacementParams
 from vertumnus.core.plannersettings import PlannerSettings
 from vertumnus.core.policies.vertumnus import CostModelPolicy
-from vertumnus.core.shadow import Shadow, ShadowBank
+from vertumnus.core.shadow import SHADOW_BLOCK_TOKENS, Shadow, ShadowBank, monotone
 from vertumnus.core.types import Composition, Request
 from vertumnus.profiles import load_model
 from vertumnus.sim.engine import PoolConfig, Simulation
 from vertumnus.sim.reconfig import AdaptiveOptions, build_adaptive
 from vertumnus.sim.synthetic import SyntheticConfig, generate
+from vertumnus.sim.traces import Trace
 
 BLOCK = 512
+CAPACITY = planner.CapacityProfile({4: 0.46, 8: 0.63})
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +79,52 @@ def test_a_request_no_worker_can_hold_is_refused_not_recorded(model: PrefillMode
     s = shadow(model, "2xCP4")
     too_long = model.max_tokens(4) + 1
     s.serve(Request(0, 0.0, too_long, (1,)))
-    assert s.ttfts == []
+    assert len(s.ttfts) == 0
+
+
+@pytest.mark.parametrize(
+    ("comp", "rate", "cache_blocks"),
+    [
+        ("16xCP1+8xCP2+4xCP4+2xCP8", 20.0, 60),  # small caches: evictions all along
+        ("8xCP4+4xCP8", 40.0, 1000),  # queues: most placements wait
+        ("4xCP2+2xCP8", 3.0, 1000),  # idle workers: the longest prefix wins
+    ],
+)
+def test_a_shadow_places_as_a_scan_of_every_worker_would(
+    model: PrefillModel, comp: str, rate: float, cache_blocks: int
+) -> None:
+    """The search looks at a few workers (Shadow's docstring); request by request, it
+    picks the worker a scan of them all picks, refusals included."""
+    trace = generate(SyntheticConfig(duration_s=60.0, mean_rate=rate), seed=11)
+    ordered = sorted(trace.requests, key=lambda q: q.arrival_s)
+    # A few prompts too long for the smallest degrees, so some degrees must be skipped.
+    ordered[5] = replace(ordered[5], length=model.max_tokens(2) + 1)
+    ordered[9] = replace(ordered[9], length=model.max_tokens(8) + 1)
+    runs = []
+    for scan in (True, False):
+        s = Shadow(
+            Composition.parse(comp), model, PlacementParams(), cache_blocks, trace.block_size, 0.0
+        )
+        assert not s._scan
+        s._scan = scan
+        for q in ordered:
+            s.serve(q)
+        runs.append((s.ttfts, s.free, [c.keys_lru_first() for c in s.caches]))
+    assert len(runs[0][0]) == len(ordered) - 1  # only the one too long for CP8 refused
+    assert runs[0] == runs[1]
+
+
+def test_a_profile_whose_prefill_time_can_grow_with_reuse_is_scanned() -> None:
+    odd = PrefillModel("odd", alpha=0.0, c=0.0, b=1e-3, d={4: 0.01}, a={4: 1e-5})
+    assert not monotone(odd, 4)
+    s = Shadow(Composition.parse("2xCP4"), odd, PlacementParams(), 100, BLOCK, 0.0)
+    assert s._scan
+    s.serve(Request(0, 0.0, 4 * BLOCK, (1, 2, 3, 4)))
+    s.serve(Request(1, 0.0, 8 * BLOCK, tuple(range(11, 19))))  # the other one, longer
+    s.serve(Request(2, 10.0, 4 * BLOCK, (1, 2, 3, 4)))
+    # Reading the cached prefix costs more than computing it: not the worker free
+    # soonest, which holds it, but the other one, cold.
+    assert s.ttfts[2] == pytest.approx(odd.predict(4, 4 * BLOCK, 0))
 
 
 def bank(model: PrefillModel, horizon_s: float = 100.0, warmup_s: float = 10.0) -> ShadowBank:
@@ -126,11 +176,50 @@ def test_a_new_shadow_is_compared_only_once_warm_and_within_the_horizon(
     assert b.compare(a) == []
 
 
+def test_the_shadows_take_small_engine_blocks_a_shadow_block_at_a_time(
+    model: PrefillModel,
+) -> None:
+    """An engine's 16-token blocks: the shadows keep one block per 512 tokens (every
+    32nd chained key names the prefix up to it), with the cache as many tokens."""
+    bank = ShadowBank(model, PlacementParams(), 3200, 16, 600.0, 0.0)
+    assert bank.stride == SHADOW_BLOCK_TOKENS // 16 == 32
+    bank.follow([Composition.parse("1xCP4")])
+    (s,) = bank.shadows.values()
+    assert (s.block_size, s.caches[0].capacity) == (512, 3200 // 32 * 4)
+    fine = tuple(range(1, 101))  # 100 blocks of 16 tokens: 1,600 tokens, three whole shadow blocks
+    bank.serve(Request(0, 0.0, 1600, fine))
+    bank.serve(Request(1, 10.0, 1600 + 16, (*fine, 999)))
+    bank.serve(Request(2, 20.0, 20 * 16 + 8, (*fine[:20], 555)))  # 320 tokens shared: under one
+    assert len(s.caches[0]) == 3
+    cold, warm, short = s.ttfts
+    assert warm == pytest.approx(model.predict(4, 1616 - 3 * 512, 3 * 512))
+    assert short == pytest.approx(model.predict(4, 20 * 16 + 8, 0))
+
+
 def test_shadow_settings_are_validated() -> None:
     with pytest.raises(ValueError, match="shadow_min_s"):
         PlannerSettings(shadow_min_s=700.0, shadow_horizon_s=600.0)
     with pytest.raises(ValueError, match="shadow_margin"):
         PlannerSettings(shadow_margin=1.5)
+    with pytest.raises(ValueError, match="shadow_max_gpus"):
+        PlannerSettings(shadow_max_gpus=-1)
+
+
+def test_a_pool_larger_than_shadow_max_gpus_keeps_no_shadows(model: PrefillModel) -> None:
+    """Shadows cost per request and per comparison, growing with the pool: above
+    ``shadow_max_gpus`` the controller keeps none (the window replays alone)."""
+    layout = planner.layout_for(Composition.parse("6xCP4+2xCP8"))  # 40 GPUs
+    for cap, kept in ((40, True), (39, False)):
+        ps = PlannerSettings(shadow=True, shadow_max_gpus=cap)
+        c = Controller(
+            planner.initial_state(layout),
+            CAPACITY,
+            ps,
+            model,
+            block_size=BLOCK,
+            cache_blocks_per_gpu=100,
+        )
+        assert (c.shadows is not None) is kept
 
 
 def test_the_shadows_move_a_pool_started_on_the_wrong_shape(model: PrefillModel) -> None:
@@ -154,3 +243,38 @@ def test_the_shadows_move_a_pool_started_on_the_wrong_shape(model: PrefillModel)
     assert moves, ctl.state.history
     assert ctl.state.layout.composition != Composition.parse("5xCP8")
     assert any(w.get("shadow") for w in ctl.windows)
+
+
+def test_after_a_change_of_arrivals_the_shadows_compare_only_what_came_since(
+    model: PrefillModel,
+) -> None:
+    """Ten minutes at a light load, then five at five times the rate: once the what-if
+    check finds the change, the shadows' comparisons leave out the light minutes
+    (another load's evidence), so they neither move the pool on them nor veto the
+    check's moves with them."""
+
+    def steady(seconds: float, rate: float, seed: int) -> Trace:
+        config = SyntheticConfig(
+            duration_s=seconds, mean_rate=rate, max_length=8192, peak_to_trough=1.0
+        )
+        return generate(config, seed=seed)
+
+    light, heavy = steady(600.0, 3.0, 4), steady(300.0, 15.0, 5)
+    n = len(light.requests)
+    requests = [*light.requests] + [
+        replace(q, id=n + i, arrival_s=600.0 + q.arrival_s) for i, q in enumerate(heavy.requests)
+    ]
+    trace = replace(light, requests=requests)
+    ps = PlannerSettings(shadow=True, shadow_warmup_s=10.0, shadow_min_s=60.0)
+    sim = build_adaptive(trace, model, AdaptiveOptions(control=ps, history_s=None))
+    sim.run(trace.requests)
+    compared = [
+        (w["end_s"], w["shadow"]) for w in sim.attachments["controller"].windows if w.get("shadow")
+    ]
+    before = [spans for end, spans in compared if 500 < end <= 600]
+    after = [(end, spans) for end, spans in compared if end > 610]
+    assert before and after
+    assert all(c["span_s"] > 400 for spans in before for c in spans)  # minutes of light load
+    for end, spans in after:  # the change found within a hop or two of 600 s
+        assert all(c["span_s"] <= end - 595.0 for c in spans), (end, spans)
+    assert max(c["span_s"] for _, spans in after for c in spans) >= 200  # and compared since

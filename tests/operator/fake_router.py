@@ -86,6 +86,8 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
         self._switch_released.set()
         self._demand = (0.0, 0, 0, 0.0)
         self._placed: list[tuple[float, int, int, tuple[int, ...]]] = []
+        self.cache_blocks_per_gpu = 0
+        """What every report says of the workers' prefix caches (0: nothing)."""
         self._server: grpc.Server | None = None
         self.port = 0
 
@@ -312,6 +314,7 @@ class FakeRouter(pool_pb2_grpc.AdminServicer):
                         )
                         for o, n, c, k in self._placed
                     ],
+                    cache_blocks_per_gpu=self.cache_blocks_per_gpu,
                 )
                 self.windows[request.hop] = report
             return report

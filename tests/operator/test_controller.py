@@ -117,3 +117,31 @@ def test_the_listed_placements_feed_the_what_if_check():
     c = Controller(planner.initial_state(layout), cap, settings)
     tick = feed(c, w, layout, in_flight=False)
     assert tick is not None and tick.whatif is None
+
+
+def test_the_listed_placements_feed_the_shadow_pools():
+    cap = load_capacity("qwen3-30b-a3b/h200")
+    layout = layout_for(Composition.parse("4xCP4"), 8)
+    settings = planner.PlannerSettings(
+        window_s=1.0, check_hops=1, min_requests=4, degrees=(4, 8), shadow=True
+    )
+    c = Controller(planner.initial_state(layout), cap, settings, load_model(), None, 16)
+    feed(c, Window(hop=1, requests=12, placed=_listed(12), started_s=100.0), layout, False)
+    assert c.shadows is None  # no report has said how large the workers' caches are
+    sized = Window(
+        hop=2, requests=12, placed=_listed(12), started_s=101.0, cache_blocks_per_gpu=500
+    )
+    feed(c, sized, layout, in_flight=False)
+    bank = c.shadows
+    assert bank is not None and bank.cache_blocks_per_gpu == 500
+    followed = set(bank.shadows)  # the current composition and its neighbours, from now
+    assert Composition.parse("4xCP4") in followed and len(followed) > 1
+    sized.hop, sized.started_s = 3, 102.0
+    feed(c, sized, layout, in_flight=False)
+    assert all(len(s.ttfts) == 12 for s in bank.shadows.values())  # each served the hop
+    # A hop some replica listed only in part: the shadows missed requests, so they
+    # start over (cold, from the latest arrival).
+    cut = Window(hop=4, requests=13, placed=_listed(12), started_s=103.0, placed_left_out=1)
+    feed(c, cut, layout, in_flight=False)
+    assert c.shadows is bank and set(bank.shadows) == followed
+    assert all(len(s.ttfts) == 0 and s.started_s == bank.now_s for s in bank.shadows.values())

@@ -82,6 +82,7 @@ _CAMEL = {
     "checksPerWindow": "checks_per_window",
     "whatifThreads": "whatif_threads",
     "whatifRows": "whatif_rows",
+    "shadowMaxGpus": "shadow_max_gpus",
     "dampFlaps": "damp_flaps",
     "thetaInter": "theta_inter",
     "thetaIntra": "theta_intra",

@@ -385,6 +385,7 @@ def test_a_window_is_summed_over_replicas():
     with FakeRouter() as a, FakeRouter() as b:
         a.set_demand(1.0, 10, 2, 0.5)
         b.set_demand(2.0, 5, 1, 1.0)
+        a.cache_blocks_per_gpu, b.cache_blocks_per_gpu = 900, 800
 
         async def go() -> Window:
             admin = RouterAdmin([a.address, b.address], "tok")
@@ -402,6 +403,7 @@ def test_a_window_is_summed_over_replicas():
         1.5,
         2,
     )
+    assert w.cache_blocks_per_gpu == 800  # the least: a shadow never holds more than a worker
 
 
 def test_an_operation_by_hand_restarts_the_planner_from_the_new_layout(router):

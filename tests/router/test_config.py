@@ -330,6 +330,10 @@ def test_without_a_file_the_flags_over_the_defaults():
         _args("--engine", "a:1", "--beta", "2", "--beta-busy", "4", "--lambda", "0.3")
     )
     assert tuned.settings.placement == PlacementParams(beta=2.0, beta_busy=4.0, lam=0.3)
+    plain = router_config_from_args(_args("--engine", "a:1", "--controller", "--no-shadow"))
+    assert plain.settings.controller is not None and not plain.settings.controller.shadow
+    with pytest.raises(ValueError, match="--no-shadow needs --controller"):
+        router_config_from_args(_args("--engine", "a:1", "--no-shadow"))
 
 
 def test_the_command_line_has_no_password_flag():

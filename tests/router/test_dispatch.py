@@ -247,6 +247,10 @@ async def test_the_window_report_lists_first_placements_up_to_its_limit() -> Non
         assert offsets == sorted(offsets) and offsets[0] >= 0.0
         assert again == report  # a retried take answers the same
         assert (placed_rows(after), after.placed_left_out) == ([], 0)
+        # The workers' cache size, for the operator's shadow pools: the engine's, per GPU.
+        info = running.router.engine_info[0]
+        assert info.cache_blocks_per_rank > 0
+        assert report.cache_blocks_per_gpu == info.cache_blocks_per_rank
     finally:
         await running.stop()
         await engine.server.stop(None)

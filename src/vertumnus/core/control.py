@@ -235,20 +235,12 @@ class Controller:
         from :meth:`placed` / :meth:`completed` (a shell with the prefill model, which
         sets each request's τ) or as sums (:meth:`capacity_reported`)."""
         self.samples = kappa.SampleBook(hops_per_sample=settings.hops_per_window)
-        self.shadows = (
-            shadow.ShadowBank(
-                model,
-                self.params,
-                cache_blocks_per_gpu,
-                block_size,
-                settings.shadow_horizon_s,
-                settings.shadow_warmup_s,
-            )
-            if settings.shadow and model is not None and cache_blocks_per_gpu is not None
-            else None
-        )
-        """The shadow pools (``settings.shadow``), fed by :meth:`placed`; not part of
-        :meth:`memory`: a restarted controller's start cold."""
+        self.shadows: shadow.ShadowBank | None = None
+        """The shadow pools (``settings.shadow``, once the cache size is known: the
+        constructor's or :meth:`shadow_cache`'s), fed by :meth:`placed` or
+        :meth:`shadow_serve`; not part of :meth:`memory`: a restarted controller's start cold."""
+        if cache_blocks_per_gpu is not None:
+            self.shadow_cache(cache_blocks_per_gpu)
         self._moved_s = -math.inf
         """When (the shadows' clock: the latest arrival) the last move started."""
         self._anchor_s = -math.inf
@@ -290,8 +282,41 @@ class Controller:
         (:meth:`ControlWindows.placed`), and it is tracked for the capacity samples."""
         self.windows.placed(request, estimate_s, cached_tokens)
         self.track(request, worker, estimate_s)
+        self.shadow_serve((request,))
+
+    def shadow_cache(self, blocks_per_gpu: int) -> None:
+        """The workers' prefix-cache size, in blocks per GPU, as the shell learns it:
+        with ``settings.shadow`` and a model the shadow pools start (cold) with caches
+        that size, and start over if it changes; not for a pool of more than
+        ``settings.shadow_max_gpus`` GPUs."""
+        ps = self.settings
+        if not ps.shadow or self.model is None or blocks_per_gpu < 1:
+            return
+        if sum(s.degree for s in self.state.layout.slots) > ps.shadow_max_gpus:
+            return
+        if self.shadows is not None and self.shadows.cache_blocks_per_gpu == blocks_per_gpu:
+            return
+        self.shadows = shadow.ShadowBank(
+            self.model,
+            self.params,
+            blocks_per_gpu,
+            self.block_size,
+            ps.shadow_horizon_s,
+            ps.shadow_warmup_s,
+        )
+
+    def shadow_serve(self, requests: Iterable[Request]) -> None:
+        """The shadow pools serve ``requests``, the pool's, in arrival order (a shell
+        that does not call :meth:`placed`)."""
         if self.shadows is not None:
-            self.shadows.serve(request)
+            for request in requests:
+                self.shadows.serve(request)
+
+    def shadow_gap(self) -> None:
+        """Some of the pool's requests went unseen (a report cut short): the shadows'
+        queues and caches are no longer the pool's, so they start over, cold."""
+        if self.shadows is not None:
+            self.shadows.follow(())
 
     def track(self, request: Request, worker: int, estimate_s: float) -> None:
         """Track a first placement for the capacity samples only (a shell that counts
@@ -383,6 +408,9 @@ class Controller:
             if replays is not None:
                 check, ops = self._check(before, obs, ops, replays, boundary, since)
                 check, ops = self._damp(before, goal, check, ops)
+        if self.shadows is not None and since is not None and since.change is not None:
+            # A change of arrivals: what the shadows served before it was another load.
+            self._anchor_s = max(self._anchor_s, self.shadows.now_s - since.change.hops * ps.hop)
         compared: tuple[shadow.Comparison, ...] = ()
         if self.shadows is not None and boundary and not reconfiguring:
             if ops and self._shadow_veto(before, ops, check):

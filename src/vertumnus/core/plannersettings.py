@@ -260,7 +260,7 @@ class PlannerSettings:
     (:func:`vertumnus.core.probes.affordable`). A 40-GPU
     pool's look needs a tenth of it (docs/benchmarks/adaptive.md, "A bound on a
     look's replays")."""
-    shadow: bool = False
+    shadow: bool = True
     """Shadow pools (:mod:`vertumnus.core.shadow`; needs a shell that hands the
     controller each request with its block keys, and the cache size): the
     current composition and its neighbours each serve the pool's requests
@@ -268,16 +268,34 @@ class PlannerSettings:
     decided, a neighbour whose pooled TTFTs over the last ``shadow_horizon_s``
     beat the current one's by ``shadow_margin`` (the mean's gain and the P90's,
     weighed by ``whatif_lean_p90``; neither worse by more than the margin) is
-    moved to. False: the window replays alone."""
+    moved to; a move of the window estimate toward one they find worse, not
+    decisive, is held back. On by default since 2026-12-06 for pools up to
+    ``shadow_max_gpus`` (docs/benchmarks/adaptive.md, "Shadow pools that
+    scale"). False: the window replays alone."""
     shadow_horizon_s: float = 600.0
-    """Seconds of requests the shadows' comparison pools."""
-    shadow_min_s: float = 300.0
+    """Seconds of requests the shadows' comparison pools (since the last move
+    they did not decide, and since the last change of arrivals the what-if
+    check found)."""
+    shadow_min_s: float = 240.0
     """A comparison needs this many seconds of requests both shadows served warm,
-    and the pool this many seconds since its last move."""
+    and the pool this many seconds since its last move. Chosen on mooncake (a
+    calibration family): 180, 240 and 300 s meet 8, 8 and 7 of its 9 cells."""
     shadow_warmup_s: float = 60.0
     """A new shadow starts cold: its first this many seconds are not compared."""
-    shadow_margin: float = 0.01
-    """The weighed gain a neighbour's shadow must show over the current one's."""
+    shadow_margin: float = 0.005
+    """The weighed gain a neighbour's shadow must show over the current one's
+    (chosen on mooncake: 0.01, 0.005 and 0.0025 meet 6, 7 and 6 of its cells
+    at ``shadow_min_s`` 300)."""
+    shadow_max_gpus: int = 64
+    """Shadows only for a pool of at most this many GPUs. Their upkeep grows with
+    the pool. CPU: every request is placed once per shadow (50–90 µs in Python),
+    and a comparison pools the horizon's requests; at 1,024 GPUs and 0.75
+    requests/s per GPU the seven shadows the controller follows take a third of a
+    core or more, and a comparison ~10 ms on top of the look
+    (``bench/shadow_speed.py``).
+    Memory: each shadow caches as many tokens as the pool, ~450 bytes per
+    512-token block (:data:`vertumnus.core.shadow.SHADOW_BLOCK_TOKENS`): seven
+    shadows of 64 GPUs that cache 512K tokens each take ~200 MB."""
     learn_capacity: bool = False
     """κ that follows the workload (:mod:`vertumnus.core.kappa`): the rules read
     the shipped κ corrected online from the workers' own hops (demand against
@@ -347,6 +365,8 @@ class PlannerSettings:
                 f"need 0 < shadow_min_s <= shadow_horizon_s, got {self.shadow_min_s}, "
                 f"{self.shadow_horizon_s}"
             )
+        if self.shadow_max_gpus < 0:
+            raise ValueError(f"shadow_max_gpus must be >= 0, got {self.shadow_max_gpus}")
         if self.shadow_warmup_s < 0 or not 0 <= self.shadow_margin < 1:
             raise ValueError(
                 f"shadow_warmup_s must be >= 0 and shadow_margin in [0, 1), got "

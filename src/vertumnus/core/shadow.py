@@ -20,34 +20,52 @@ as the pool is judged, not an average of each window's): a composition better
 there by a margin, over minutes of requests, is better on the stretch the pool
 serves, not on one window's noise.
 
-Cost: each request is placed once per shadow (the cost at every worker, a
-prefix match each), as it comes, rather than each window replayed at every
-look. Pure: no clock, no I/O.
+Cost: each request is placed once per shadow, as it comes, rather than each
+window replayed at every look; a placement costs a few candidate workers, not
+every worker (:class:`Shadow`), and a comparison a selection over the
+horizon's TTFTs. ``bench/shadow_speed.py`` measures both; the controller keeps
+no shadows for a pool over ``PlannerSettings.shadow_max_gpus``. Pure: no
+clock, no I/O.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
+from array import array
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from vertumnus.core import whatif
 from vertumnus.core.blockcache import BlockCache
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.placement import PlacementParams
 from vertumnus.core.types import Composition, Request, cached_tokens
 from vertumnus.core.whatif import WaitingWorkers
 
-__all__ = ["Comparison", "Shadow", "ShadowBank"]
+__all__ = ["SHADOW_BLOCK_TOKENS", "Comparison", "Shadow", "ShadowBank", "monotone"]
 
 
 class Shadow:
-    """One composition's pool, serving requests as they arrive (module docstring)."""
+    """One composition's pool, serving requests as they arrive (module docstring).
+
+    Placement looks at few workers, and picks the one a scan of all of them
+    would (the test holds it to the scan, request by request): of each
+    degree's workers that hold none of the request's prefix only the one free
+    soonest can win (a lazy heap per degree), and the holders are walked from
+    the longest prefix held to the shortest, through an index of who holds
+    each block, stopping once no worker holding less can beat the best found.
+    That needs a prefill time that falls as more of the prompt is cached, as a
+    fitted profile's does (:meth:`monotone`); a composition whose profile is
+    not is scanned whole.
+    """
 
     __slots__ = (
         "arrivals", "block_size", "caches", "composition", "degrees", "free", "lam", "model",
-        "params", "started_s", "ttfts", "_max_tokens", "_waiting",
+        "params", "started_s", "ttfts", "_group", "_groups", "_heaps", "_holders", "_max_tokens",
+        "_scan", "_waiting",
     )  # fmt: skip
 
     def __init__(
@@ -70,44 +88,152 @@ class Shadow:
         self.free = [started_s] * len(self.degrees)
         self.caches = [BlockCache(cache_blocks_per_gpu * d) for d in self.degrees]
         self._waiting = WaitingWorkers(len(self.degrees))
+        self._groups: list[tuple[int, int]] = []
+        """Per degree (ascending): its degree and its first worker; its workers are
+        contiguous (``degrees`` is sorted)."""
+        self._group: list[int] = []
+        """Each worker's degree's number in ``_groups``."""
+        for w, d in enumerate(self.degrees):
+            if not self._groups or self._groups[-1][0] != d:
+                self._groups.append((d, w))
+            self._group.append(len(self._groups) - 1)
+        self._heaps: list[list[tuple[float, int]]] = []
+        """Per degree: (free, worker) of its workers, the least first; an entry whose
+        free is no longer the worker's is stale and dropped when it comes up."""
+        for g, (_, first) in enumerate(self._groups):
+            last = self._groups[g + 1][1] if g + 1 < len(self._groups) else len(self.degrees)
+            self._heaps.append([(started_s, w) for w in range(first, last)])
+        self._holders: dict[int, set[int]] = {}
+        """Block key → the workers whose cache holds it."""
+        self._scan = not all(monotone(model, d) for d, _ in self._groups)
         self.started_s = started_s
         """When it started serving, cold: its first minutes are not yet the composition's."""
-        self.arrivals: list[float] = []
-        self.ttfts: list[float] = []
+        self.arrivals = array("d")
+        self.ttfts = array("d")
         """Per request served, in arrival order: its arrival and its TTFT (no T_ext)."""
 
     def serve(self, request: Request) -> None:
         """Place ``request`` as the pool's cost model would, and record its TTFT."""
         a = request.arrival_s
-        keys = request.block_keys
         p = self.params
         beta = self._waiting.beta(a, p.beta, p.beta_busy - p.beta)
-        best: tuple[float, float, int] | None = None
-        found = (0.0, 0.0, 0)
-        for w, d in enumerate(self.degrees):
-            if request.length > self._max_tokens[w]:
-                continue
-            m = self.caches[w].match(keys)
-            reused = cached_tokens(m, request.length, self.block_size)
-            e = self.model.predict(d, request.length - reused, reused)
-            f = self.free[w]
-            start = f if f > a else a
-            # Ties go to the longest-idle worker, as placement breaks them.
-            key = ((start - a) + (beta + self.lam[w]) * e, f, w)
-            if best is None or key < best:
-                best, found = key, (start, e, m)
-        if best is None:
+        pick = self._scan_all(request, beta) if self._scan else self._search(request, beta)
+        if pick is None:
             return  # no worker of this composition can hold it: it is refused, not served
-        w = best[2]
-        start, e, m = found
+        w, start, e, m = pick
+        keys = request.block_keys
         self.free[w] = start + e
+        heapq.heappush(self._heaps[self._group[w]], (start + e, w))
         self._waiting.placed(w, start, a)
         cache = self.caches[w]
         if m:
             cache.touch(keys, m)
-        cache.insert(keys)
+        delta = cache.insert(keys)
+        holders = self._holders
+        for k, _, _ in delta.stored:
+            holders.setdefault(k, set()).add(w)
+        for k in delta.removed:
+            held = holders[k]
+            held.discard(w)
+            if not held:
+                del holders[k]
         self.arrivals.append(a)
         self.ttfts.append(start + e - a)
+
+    def _cost(
+        self, request: Request, beta: float, w: int, m: int
+    ) -> tuple[tuple[float, float, int], float, float]:
+        """Worker ``w``'s placement key (cost, then the tie breaks: the longest idle,
+        the lowest number) for ``request`` with ``m`` of its blocks cached there, the
+        request's start and its prefill time there."""
+        a = request.arrival_s
+        reused = cached_tokens(m, request.length, self.block_size)
+        e = self.model.predict(self.degrees[w], request.length - reused, reused)
+        f = self.free[w]
+        start = f if f > a else a
+        return ((start - a) + (beta + self.lam[w]) * e, f, w), start, e
+
+    def _scan_all(self, request: Request, beta: float) -> tuple[int, float, float, int] | None:
+        """Every worker's cost: the reference :meth:`_search` is held to."""
+        best: tuple[float, float, int] | None = None
+        pick = None
+        for w in range(len(self.degrees)):
+            if request.length > self._max_tokens[w]:
+                continue
+            m = self.caches[w].match(request.block_keys)
+            key, start, e = self._cost(request, beta, w, m)
+            if best is None or key < best:
+                best, pick = key, (w, start, e, m)
+        return pick
+
+    def _search(self, request: Request, beta: float) -> tuple[int, float, float, int] | None:
+        """The worker :meth:`_scan_all` picks, from a few candidates (class docstring)."""
+        a = request.arrival_s
+        keys = request.block_keys
+        best: tuple[float, float, int] | None = None
+        pick = None
+        seen: set[int] = set()
+        soonest: list[tuple[int, float, int]] = []
+        """Each degree that can hold the request: its group, the wait of its worker
+        free soonest (the least any of its workers can wait) and that worker's match."""
+        for g, (_, first) in enumerate(self._groups):
+            if request.length > self._max_tokens[first]:
+                continue
+            heap = self._heaps[g]
+            while heap[0][0] != self.free[heap[0][1]]:
+                heapq.heappop(heap)
+            f, w = heap[0]
+            m = self.caches[w].match(keys)
+            soonest.append((g, f - a if f > a else 0.0, m))
+            key, start, e = self._cost(request, beta, w, m)
+            seen.add(w)
+            if best is None or key < best:
+                best, pick = key, (w, start, e, m)
+        if best is None:
+            return None
+        holders = self._holders
+        depth = 0
+        while depth < len(keys) and keys[depth] in holders:
+            depth += 1
+        held_before = 0
+        for i in range(depth - 1, -1, -1):
+            held = holders[keys[i]]
+            if len(held) == held_before:
+                continue  # nobody new holds this shorter prefix (the holders nest)
+            held_before = len(held)
+            # A worker not seen yet holds keys[:i + 1] at most. It costs no less than
+            # its degree's soonest wait plus its prefill time with that cached; and
+            # if the worker free soonest holds as much, that one is as cheap and
+            # wins the tie (free sooner, or as soon and numbered lower).
+            level = i + 1
+            reused = cached_tokens(level, request.length, self.block_size)
+            open_groups = {
+                g
+                for g, wait, m in soonest
+                if m < level
+                and wait
+                + (beta + self.lam[self._groups[g][1]])
+                * self.model.predict(self._groups[g][0], request.length - reused, reused)
+                <= best[0]
+            }
+            if not open_groups:
+                break  # and at every shorter prefix: each bound only grows
+            # Of a degree's new holders at this level, the one free soonest is the
+            # cheapest (the same match): only it is costed.
+            new = held - seen
+            seen |= new
+            soonest_new: dict[int, tuple[float, int]] = {}
+            for w in new:
+                g = self._group[w]
+                if g in open_groups:
+                    fw = (self.free[w], w)
+                    if g not in soonest_new or fw < soonest_new[g]:
+                        soonest_new[g] = fw
+            for _, w in soonest_new.values():
+                key, start, e = self._cost(request, beta, w, level)
+                if key < best:
+                    best, pick = key, (w, start, e, level)
+        return pick
 
     def forget_before(self, t: float) -> None:
         """Drop the records of requests that arrived before ``t``."""
@@ -115,6 +241,13 @@ class Shadow:
         if i:
             del self.arrivals[:i]
             del self.ttfts[:i]
+
+
+def monotone(model: PrefillModel, degree: int) -> bool:
+    """Whether a degree's prefill time falls as more of a prompt of any length is
+    cached: dE/dR = a_C − b + (c + α·(L − R + ½)) / C ≥ a_C − b + c / C for R ≤ L
+    (:mod:`vertumnus.core.costmodel`), so it does when that is ≥ 0."""
+    return model.a[degree] - model.b + model.c / degree >= 0.0
 
 
 @dataclass(frozen=True)
@@ -142,6 +275,15 @@ class Comparison:
         }
 
 
+SHADOW_BLOCK_TOKENS = 512
+"""The shadows' cache blocks hold at least this many tokens: an engine's blocks (16
+tokens in SGLang) are taken ``SHADOW_BLOCK_TOKENS // block_size`` at a time, through
+every that-many-th chained key, which names the whole prefix up to it. A request
+costs a shadow that many times fewer keys, and a shadow's caches that many times
+less memory (each cached block ~450 bytes per shadow), for reuse counted to the
+coarse block: a prefix shorter than one is not reused there."""
+
+
 class ShadowBank:
     """The shadows of the compositions the controller follows (module docstring)."""
 
@@ -157,6 +299,9 @@ class ShadowBank:
         self.model = model
         self.params = params
         self.cache_blocks_per_gpu = cache_blocks_per_gpu
+        """The workers' cache size, in the pool's blocks of ``block_size`` tokens."""
+        self.stride = max(1, SHADOW_BLOCK_TOKENS // block_size)
+        """The pool's blocks per shadow block (:data:`SHADOW_BLOCK_TOKENS`)."""
         self.block_size = block_size
         self.horizon_s = horizon_s
         self.warmup_s = warmup_s
@@ -174,12 +319,20 @@ class ShadowBank:
                 del self.shadows[c]
         for c in wanted - set(self.shadows):
             self.shadows[c] = Shadow(
-                c, self.model, self.params, self.cache_blocks_per_gpu, self.block_size, self.now_s
+                c,
+                self.model,
+                self.params,
+                max(1, self.cache_blocks_per_gpu // self.stride),
+                self.block_size * self.stride,
+                self.now_s,
             )
 
     def serve(self, request: Request) -> None:
         """Every shadow serves ``request`` (the pool's requests, in arrival order)."""
         self.now_s = max(self.now_s, request.arrival_s)
+        k = self.stride
+        if k > 1:
+            request = replace(request, block_keys=request.block_keys[k - 1 :: k])
         for s in self.shadows.values():
             s.serve(request)
 
@@ -194,22 +347,30 @@ class ShadowBank:
         for s in self.shadows.values():
             s.forget_before(lo_all)
         out = []
+        # Views of the arrays, not copies (gone before the next append resizes them).
+        mine_all = np.frombuffer(base.ttfts, dtype=np.float64)
+        current_stats: dict[int, tuple[float, float]] = {}
+        """The current shadow's mean and P90 from its i-th request on (most
+        candidates share a start)."""
         for comp, s in self.shadows.items():
             if comp == current:
                 continue
             lo = max(lo_all, since_s, base.started_s + self.warmup_s, s.started_s + self.warmup_s)
             i = bisect.bisect_left(base.arrivals, lo)
             j = bisect.bisect_left(s.arrivals, lo)
-            mine, theirs = np.asarray(base.ttfts[i:]), np.asarray(s.ttfts[j:])
-            if len(mine) != len(theirs) or len(mine) == 0:
+            theirs = np.frombuffer(s.ttfts, dtype=np.float64)[j:]
+            if len(base.ttfts) - i != len(theirs) or len(theirs) == 0:
                 continue  # a request one of them refused: not the same requests
+            if i not in current_stats:
+                current_stats[i] = (float(mine_all[i:].mean()), whatif.p90(mine_all[i:]))
+            mean, p90 = current_stats[i]
             out.append(
                 Comparison(
                     comp,
-                    len(mine),
+                    len(theirs),
                     self.now_s - lo,
-                    1.0 - float(theirs.mean()) / float(mine.mean()),
-                    1.0 - float(np.percentile(theirs, 90)) / float(np.percentile(mine, 90)),
+                    1.0 - float(theirs.mean()) / mean,
+                    1.0 - whatif.p90(theirs) / p90,
                 )
             )
         return out
