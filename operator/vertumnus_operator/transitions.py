@@ -84,6 +84,17 @@ def _timed_feed(
     return tick, observed + time.perf_counter() - began
 
 
+def _last_check(hop: int, tick: Tick) -> dict[str, Any]:
+    """``status.lastCheck``: the hop's what-if check and the shadow pools' comparisons
+    (each neighbour's gain over the current composition, pooled)."""
+    out: dict[str, Any] = {"hop": hop}
+    if tick.whatif is not None:
+        out.update(tick.whatif.to_dict())
+    if tick.shadow:
+        out["shadow"] = [c.to_dict() for c in tick.shadow]
+    return out
+
+
 def _ids(slots: Sequence[Slot]) -> str:
     return ",".join(f"{s.worker}(CP{s.degree})" for s in slots)
 
@@ -212,10 +223,11 @@ class TransitionRunner:
                 )
             ops = tick.ops if tick is not None else ()
             record = replace(self.record, hop=window.hop)
+            if tick is not None and (tick.whatif is not None or tick.shadow):
+                record = replace(record, last_check=_last_check(window.hop, tick))
             if tick is not None and tick.whatif is not None:
                 check = tick.whatif
                 best = check.best
-                record = replace(record, last_check={"hop": window.hop, **check.to_dict()})
                 log.info(
                     "hop %d what-if %s: %s %.3f s (P90 %.3f s) over %d requests%s; "
                     "best candidate %s",
@@ -227,6 +239,16 @@ class TransitionRunner:
                     check.current.requests,
                     "" if check.since_s is None else f" (the last {check.since_s:g} s: a change)",
                     "none" if best is None else f"{best.composition} {best.mean_s:.3f} s",
+                )
+            if tick is not None and tick.shadow:
+                log.info(
+                    "hop %d shadows: %s",
+                    window.hop,
+                    "; ".join(
+                        f"{c.composition} {c.mean_gain:+.1%} mean, {c.p90_gain:+.1%} P90 "
+                        f"over {c.span_s:.0f} s"
+                        for c in tick.shadow
+                    ),
                 )
             if tick is not None and ops:
                 await self.events.post(

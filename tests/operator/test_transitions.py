@@ -271,6 +271,42 @@ def test_the_runner_records_the_what_if_check_of_the_listed_placements(router):
     )
 
 
+def test_the_runner_records_the_shadow_pools_comparisons(router):
+    """With the routers reporting their workers' cache size, the listed placements feed
+    the shadow pools, and ``status.lastCheck`` carries their comparisons."""
+    layout = _layout("4xCP4")
+    settings = planner.PlannerSettings(
+        window_s=1.0, domain_size=8, degrees=(4, 8), check_hops=1, min_requests=4,
+        shadow_warmup_s=0.0,
+    )  # fmt: skip
+    controller = Controller(
+        planner.initial_state(layout), CAPACITY, settings, load_model(), None, 16
+    )
+    record, store = _fresh("4xCP4")
+    router.set_layout([(s.worker, s.degree, s.domain, s.offset) for s in layout.slots])
+    router.set_demand(0.5, 12)
+    router.set_placed([(i / 12, 6000, 0, tuple(range(100 * i, 100 * i + 375))) for i in range(12)])
+    router.cache_blocks_per_gpu = 4000
+    events, pods = MemoryEvents(), Pods()
+
+    async def go():
+        runner, admin = _runner(record, store, router, events, pods, controller)
+        for hop in (1, 2, 3):
+            await runner.decide(await admin.take_window(hop))
+            await runner.wait()
+        await admin.close()
+
+    asyncio.run(go())
+    assert controller.shadows is not None and controller.shadows.cache_blocks_per_gpu == 4000
+    check = store.last.last_check
+    assert check is not None and check["hop"] == 3
+    compared = {c["composition"]: c for c in check["shadow"]}
+    # The neighbours along the split and merge paths, each on the 12 requests of each
+    # hop since they began (at the first hop's look).
+    assert compared and "4xCP4" not in compared
+    assert all(c["requests"] == 24 and c["span_s"] > 0 for c in compared.values()), compared
+
+
 class Ticks:
     """A monotonic clock the test moves."""
 
