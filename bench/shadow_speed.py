@@ -47,8 +47,8 @@ RATE_PER_GPU = 0.75
 
 def serve(comp: str, requests: list, block_size: int, scan: bool) -> tuple[float, list[float]]:
     """CPU µs per request of one shadow of ``comp`` serving ``requests``, and its TTFTs."""
-    s = Shadow(Composition.parse(comp), load_model(), PlacementParams(), 1000, block_size, 0.0)
-    s._scan = scan
+    c = Composition.parse(comp)
+    s = Shadow(c, load_model(), PlacementParams(), 1000, block_size, 0.0, scan=scan)
     t0 = time.process_time()
     for q in requests:
         s.serve(q)

@@ -102,11 +102,9 @@ def test_a_shadow_places_as_a_scan_of_every_worker_would(
     ordered[9] = replace(ordered[9], length=model.max_tokens(8) + 1)
     runs = []
     for scan in (True, False):
-        s = Shadow(
-            Composition.parse(comp), model, PlacementParams(), cache_blocks, trace.block_size, 0.0
-        )
-        assert not s._scan
-        s._scan = scan
+        c = Composition.parse(comp)
+        s = Shadow(c, model, PlacementParams(), cache_blocks, trace.block_size, 0.0, scan=scan)
+        assert s.scan is scan
         for q in ordered:
             s.serve(q)
         runs.append((s.ttfts, s.free, [c.keys_lru_first() for c in s.caches]))
@@ -118,7 +116,7 @@ def test_a_profile_whose_prefill_time_can_grow_with_reuse_is_scanned() -> None:
     odd = PrefillModel("odd", alpha=0.0, c=0.0, b=1e-3, d={4: 0.01}, a={4: 1e-5})
     assert not monotone(odd, 4)
     s = Shadow(Composition.parse("2xCP4"), odd, PlacementParams(), 100, BLOCK, 0.0)
-    assert s._scan
+    assert s.scan
     s.serve(Request(0, 0.0, 4 * BLOCK, (1, 2, 3, 4)))
     s.serve(Request(1, 0.0, 8 * BLOCK, tuple(range(11, 19))))  # the other one, longer
     s.serve(Request(2, 10.0, 4 * BLOCK, (1, 2, 3, 4)))

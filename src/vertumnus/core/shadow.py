@@ -58,14 +58,14 @@ class Shadow:
     the longest prefix held to the shortest, through an index of who holds
     each block, stopping once no worker holding less can beat the best found.
     That needs a prefill time that falls as more of the prompt is cached, as a
-    fitted profile's does (:meth:`monotone`); a composition whose profile is
+    fitted profile's does (:func:`monotone`); a composition whose profile is
     not is scanned whole.
     """
 
     __slots__ = (
         "arrivals", "block_size", "caches", "composition", "degrees", "free", "lam", "model",
-        "params", "started_s", "ttfts", "_group", "_groups", "_heaps", "_holders", "_max_tokens",
-        "_scan", "_waiting",
+        "params", "scan", "started_s", "ttfts", "_group", "_groups", "_heaps", "_holders",
+        "_max_tokens", "_waiting",
     )  # fmt: skip
 
     def __init__(
@@ -76,7 +76,10 @@ class Shadow:
         cache_blocks_per_gpu: int,
         block_size: int,
         started_s: float,
+        scan: bool = False,
     ) -> None:
+        """``scan``: place by costing every worker, the reference the search is held to
+        (the search needs a monotone profile; without one the shadow scans anyway)."""
         self.composition = composition
         self.model = model
         self.params = params
@@ -105,7 +108,7 @@ class Shadow:
             self._heaps.append([(started_s, w) for w in range(first, last)])
         self._holders: dict[int, set[int]] = {}
         """Block key → the workers whose cache holds it."""
-        self._scan = not all(monotone(model, d) for d, _ in self._groups)
+        self.scan = scan or not all(monotone(model, d) for d, _ in self._groups)
         self.started_s = started_s
         """When it started serving, cold: its first minutes are not yet the composition's."""
         self.arrivals = array("d")
@@ -117,7 +120,7 @@ class Shadow:
         a = request.arrival_s
         p = self.params
         beta = self._waiting.beta(a, p.beta, p.beta_busy - p.beta)
-        pick = self._scan_all(request, beta) if self._scan else self._search(request, beta)
+        pick = self._scan_all(request, beta) if self.scan else self._search(request, beta)
         if pick is None:
             return  # no worker of this composition can hold it: it is refused, not served
         w, start, e, m = pick
