@@ -10,7 +10,7 @@ placed every request alike, and prints CPU µs per request (the scan timed on
 the first ``--scan`` requests only: at 1,024 GPUs it costs ~1 ms a request).
 
 The controller follows the current composition and the probes along its split
-and merge paths (``probes.along`` with the default settings): that many
+and merge paths (``probes.ends`` with the default settings): that many
 shadows serve each request, which gives the share of a core they take at that
 rate. A comparison (:meth:`ShadowBank.compare`, at every window boundary) pools
 each shadow's last ``shadow_horizon_s`` of TTFTs against the current one's: it
@@ -60,12 +60,8 @@ def followed(comp: str, degrees: tuple[int, ...]) -> list[Composition]:
     settings = planner.PlannerSettings(degrees=degrees)
     layout = planner.layout_for(Composition.parse(comp))
     workers = [planner.WorkerObservation(s.worker, 0.0, 0.0) for s in layout.slots]
-    out = [layout.composition]
-    for direction in ("split", "merge"):
-        out += [
-            steps[-1].composition for steps in probes.along(layout, workers, direction, settings)
-        ]
-    return out
+    paths = probes.ends(layout, workers, settings)
+    return [layout.composition, *paths["split"], *paths["merge"]]
 
 
 def compare_ms(comps: list[Composition], requests: int, repeat: int) -> float:

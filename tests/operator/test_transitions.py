@@ -223,18 +223,24 @@ def test_the_controller_splits_under_load_and_merges_back(router):
     assert value(s, "vertumnus_controller_kappa", **at, degree="8") > 0
 
 
-def test_the_runner_records_the_what_if_check_of_the_listed_placements(router):
+def _listing_pool(router, **settings):
+    """A ``4xCP4`` pool whose controller has the prefill model (1 s windows, one look
+    each, ``settings`` over them), and a router that lists 12 placements every hop:
+    (controller, record, store)."""
     layout = _layout("4xCP4")
-    settings = planner.PlannerSettings(
-        window_s=1.0, domain_size=8, degrees=(4, 8), check_hops=1, min_requests=4
+    ps = planner.PlannerSettings(
+        window_s=1.0, domain_size=8, degrees=(4, 8), check_hops=1, min_requests=4, **settings
     )
-    controller = Controller(
-        planner.initial_state(layout), CAPACITY, settings, load_model(), None, 16
-    )
+    controller = Controller(planner.initial_state(layout), CAPACITY, ps, load_model(), None, 16)
     record, store = _fresh("4xCP4")
     router.set_layout([(s.worker, s.degree, s.domain, s.offset) for s in layout.slots])
     router.set_demand(0.5, 12)
     router.set_placed([(i / 12, 6000, 0, tuple(range(100 * i, 100 * i + 375))) for i in range(12)])
+    return controller, record, store
+
+
+def test_the_runner_records_the_what_if_check_of_the_listed_placements(router):
+    controller, record, store = _listing_pool(router)
     events, pods = MemoryEvents(), Pods()
     metrics = OperatorMetrics()
 
@@ -274,18 +280,7 @@ def test_the_runner_records_the_what_if_check_of_the_listed_placements(router):
 def test_the_runner_records_the_shadow_pools_comparisons(router):
     """With the routers reporting their workers' cache size, the listed placements feed
     the shadow pools, and ``status.lastCheck`` carries their comparisons."""
-    layout = _layout("4xCP4")
-    settings = planner.PlannerSettings(
-        window_s=1.0, domain_size=8, degrees=(4, 8), check_hops=1, min_requests=4,
-        shadow_warmup_s=0.0,
-    )  # fmt: skip
-    controller = Controller(
-        planner.initial_state(layout), CAPACITY, settings, load_model(), None, 16
-    )
-    record, store = _fresh("4xCP4")
-    router.set_layout([(s.worker, s.degree, s.domain, s.offset) for s in layout.slots])
-    router.set_demand(0.5, 12)
-    router.set_placed([(i / 12, 6000, 0, tuple(range(100 * i, 100 * i + 375))) for i in range(12)])
+    controller, record, store = _listing_pool(router, shadow_warmup_s=0.0)
     router.cache_blocks_per_gpu = 4000
     events, pods = MemoryEvents(), Pods()
 

@@ -290,11 +290,11 @@ class Controller:
         that size, and start over if it changes; not for a pool of more than
         ``settings.shadow_max_gpus`` GPUs."""
         ps = self.settings
+        if self.shadows is not None and self.shadows.cache_blocks_per_gpu == blocks_per_gpu:
+            return  # the shells report it every hop
         if not ps.shadow or self.model is None or blocks_per_gpu < 1:
             return
         if sum(s.degree for s in self.state.layout.slots) > ps.shadow_max_gpus:
-            return
-        if self.shadows is not None and self.shadows.cache_blocks_per_gpu == blocks_per_gpu:
             return
         self.shadows = shadow.ShadowBank(
             self.model,
@@ -485,10 +485,7 @@ class Controller:
         current = layout.composition
         if before.pending or self._goal is not None or self.state.pending:
             return (), ()
-        paths = {
-            d: {st[-1].composition: st for st in probes.along(layout, obs.workers, d, ps)}
-            for d in DIRECTIONS
-        }
+        paths = probes.ends(layout, obs.workers, ps)
         self.shadows.follow({current, *paths["split"], *paths["merge"]})
         compared = self._compared = tuple(self.shadows.compare(current, self._anchor_s))
         if ops or self.shadows.now_s - self._moved_s < ps.shadow_min_s:

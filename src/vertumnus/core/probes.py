@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
 from vertumnus.core import changepoint, planner, whatif
+from vertumnus.core.memory import DIRECTIONS
 from vertumnus.core.placement import PlacementParams
 from vertumnus.core.plannersettings import PlannerSettings
 from vertumnus.core.types import Composition
@@ -124,6 +125,19 @@ def along(
         steps = (1, 2, 3) if n <= 4 else (1, 2, 4) if n <= 5 else (1, 4, 16, 64)
         ks = sorted({k for k in steps if k < n} | {n}) if n else []
     return [path[:k] for k in ks]
+
+
+def ends(
+    layout: planner.Layout,
+    workers: Sequence[planner.WorkerObservation],
+    settings: PlannerSettings,
+) -> dict[str, dict[Composition, list[planner.PathStep]]]:
+    """Per direction, each composition :func:`along` probes, with the steps there (the
+    neighbours the shadow pools follow)."""
+    return {
+        d: {steps[-1].composition: steps for steps in along(layout, workers, d, settings)}
+        for d in DIRECTIONS
+    }
 
 
 def start(
