@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vertumnus.operator import adminkeys
+from vertumnus.operator import adminkeys, envnames
 
 __all__ = ["default_priority", "main"]
 
@@ -52,7 +52,7 @@ PACKAGE_CRDS = Path(__file__).resolve().parent / "crds"
 
 def default_priority(identity: str | None = None) -> int:
     """A stable per-replica priority in [1, 2**31): from $POD_NAME or the host name."""
-    ident = identity or os.environ.get("POD_NAME") or os.uname().nodename
+    ident = identity or os.environ.get(envnames.POD_NAME) or os.uname().nodename
     return 1 + zlib.crc32(ident.encode()) % (2**31 - 1)
 
 
@@ -117,8 +117,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _add_admin_ca_flags(p: argparse.ArgumentParser, env: bool) -> None:
     for flag, var, what in (
-        ("--admin-ca-file", adminkeys.CA_ENV, "certificate"),
-        ("--admin-ca-key-file", adminkeys.CA_KEY_ENV, "key"),
+        ("--admin-ca-file", envnames.ADMIN_CA_FILE, "certificate"),
+        ("--admin-ca-key-file", envnames.ADMIN_CA_KEY_FILE, "key"),
     ):
         p.add_argument(
             flag,
@@ -144,31 +144,32 @@ def _add_policy_flags(p: argparse.ArgumentParser, env: bool) -> None:
     p.add_argument(
         "--pool-network-policies",
         action="store_true",
-        default=default("VERTUMNUS_POOL_NETWORK_POLICIES") == "true",
+        default=default(envnames.POOL_NETWORK_POLICIES) == "true",
         help="give every pool NetworkPolicies of its own, in whatever namespace it lives: its "
         "routers' Admin port only from the operator's pods, its Redis only from its routers, "
         "its engines only from its routers and engines (and an SGLang pool's decode servers, "
         "spec.engine.transfer.from); needs --operator-pod-labels and the operator's namespace"
-        + (" (default $VERTUMNUS_POOL_NETWORK_POLICIES=true)" if env else ""),
+        + (f" (default ${envnames.POOL_NETWORK_POLICIES}=true)" if env else ""),
     )
     p.add_argument(
         "--operator-namespace",
-        default=default("POD_NAMESPACE"),
-        help="the operator's own namespace" + (" (default $POD_NAMESPACE)" if env else ""),
+        default=default(envnames.POD_NAMESPACE),
+        help="the operator's own namespace"
+        + (f" (default ${envnames.POD_NAMESPACE})" if env else ""),
     )
     p.add_argument(
         "--operator-pod-labels",
-        default=default("VERTUMNUS_OPERATOR_POD_LABELS"),
+        default=default(envnames.OPERATOR_POD_LABELS),
         metavar="K=V,...",
         help="labels of the operator's pods: the only pods the routers' Admin port takes"
-        + (" (default $VERTUMNUS_OPERATOR_POD_LABELS)" if env else ""),
+        + (f" (default ${envnames.OPERATOR_POD_LABELS})" if env else ""),
     )
     p.add_argument(
         "--router-metrics-from",
-        default=default("VERTUMNUS_ROUTER_METRICS_FROM"),
+        default=default(envnames.ROUTER_METRICS_FROM),
         metavar="JSON",
         help="who may scrape the routers' metrics port: a JSON list of NetworkPolicyPeers "
-        "(empty: anyone" + ("; default $VERTUMNUS_ROUTER_METRICS_FROM)" if env else ")"),
+        "(empty: anyone" + (f"; default ${envnames.ROUTER_METRICS_FROM})" if env else ")"),
     )
 
 
@@ -309,18 +310,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     r.add_argument(
         "--admin-key-file",
-        default=os.environ.get(adminkeys.KEY_ENV, ""),
+        default=os.environ.get(envnames.ADMIN_KEY_FILE, ""),
         metavar="PATH",
         help="the operator's key (at least 16 bytes): each pool's Admin token is derived from "
-        "it (default $VERTUMNUS_ADMIN_KEY_FILE; the chart mounts its Secret <release>-vertumnus-operator-admin-key)",
+        f"it (default ${envnames.ADMIN_KEY_FILE}; the chart mounts its Secret <release>-vertumnus-operator-admin-key)",
     )
     _add_admin_ca_flags(r, env=True)
     r.add_argument(
         "--record-looks-every",
-        default=os.environ.get("VERTUMNUS_RECORD_LOOKS_EVERY", ""),
+        default=os.environ.get(envnames.RECORD_LOOKS_EVERY, ""),
         metavar="SECONDS",
         help="write a controller look that decides nothing into the CPPool's status at most "
-        "this often (default 30; $VERTUMNUS_RECORD_LOOKS_EVERY): each write is a PATCH that "
+        f"this often (default 30; ${envnames.RECORD_LOOKS_EVERY}): each write is a PATCH that "
         "etcd keeps and every CPPool watcher receives, and a look comes every 2.5 s. A look "
         "that starts a split or merge, or changes what the controller decided, is written at "
         "once; a restarted operator loses at most these seconds of looks. 0: every look",
@@ -335,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     r.add_argument(
         "--peering",
-        default=os.environ.get("VERTUMNUS_PEERING", "vertumnus"),
+        default=os.environ.get(envnames.PEERING, "vertumnus"),
         help="peering object name (default vertumnus)",
     )
     r.add_argument(

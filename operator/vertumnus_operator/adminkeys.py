@@ -11,15 +11,9 @@ from __future__ import annotations
 
 from vertumnus.admintls import read_ca
 from vertumnus.admintoken import read_key
+from vertumnus.operator import envnames
 
-__all__ = ["CA_ENV", "CA_KEY_ENV", "KEY_ENV", "load"]
-
-KEY_ENV = "VERTUMNUS_ADMIN_KEY_FILE"
-"""The file of the operator's key; the chart mounts its Secret
-``<release>-vertumnus-operator-admin-key`` there."""
-CA_ENV = "VERTUMNUS_ADMIN_CA_FILE"
-CA_KEY_ENV = "VERTUMNUS_ADMIN_CA_KEY_FILE"
-"""The files of the CA's certificate and key (the same Secret's ``ca.crt``, ``ca.key``)."""
+__all__ = ["load"]
 
 
 def load(
@@ -32,7 +26,7 @@ def load(
     Raises ValueError saying what is missing or wrong, and how to mend it."""
     if need_key and not key_file:
         raise ValueError(
-            f"no admin key: set --admin-key-file or ${KEY_ENV} to a file of at least 16 random "
+            f"no admin key: set --admin-key-file or ${envnames.ADMIN_KEY_FILE} to a file of at least 16 random "
             "bytes (the chart mounts its Secret <release>-vertumnus-operator-admin-key), e.g. "
             "head -c 32 /dev/urandom | base64 > admin.key"
         )
@@ -40,6 +34,6 @@ def load(
     if bool(ca_file) != bool(ca_key_file):
         raise ValueError(
             "the admin CA's certificate and key go together (--admin-ca-file and "
-            f"--admin-ca-key-file, or ${CA_ENV} and ${CA_KEY_ENV})"
+            f"--admin-ca-key-file, or ${envnames.ADMIN_CA_FILE} and ${envnames.ADMIN_CA_KEY_FILE})"
         )
     return key, read_ca(ca_file, ca_key_file) if ca_file else None

@@ -16,6 +16,7 @@ import logging
 import os
 from typing import Any, Protocol
 
+from vertumnus.operator import envnames
 from vertumnus.operator.crd import API_VERSION, KIND
 from vertumnus.operator.kube import KubeClient, KubeError, object_path
 
@@ -58,7 +59,7 @@ class KubeEvents:
         }
         self.namespace = namespace
         self.name = name
-        self.instance = os.environ.get("POD_NAME") or os.uname().nodename
+        self.instance = os.environ.get(envnames.POD_NAME) or os.uname().nodename
 
     async def post(self, type_: str, reason: str, message: str) -> None:
         now = datetime.datetime.now(datetime.UTC)

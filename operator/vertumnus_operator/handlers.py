@@ -31,11 +31,11 @@ from typing import Any
 
 import kopf
 
-from vertumnus.operator import adminkeys, crdcheck
+from vertumnus.operator import adminkeys, crdcheck, envnames
 from vertumnus.operator import networkpolicy as netpol
 from vertumnus.operator.crd import GROUP, PLURAL, VERSION
 from vertumnus.operator.kube import KubeClient, connection_info
-from vertumnus.operator.pool import RECORD_LOOKS_ENV, PoolRuntime, record_looks_every
+from vertumnus.operator.pool import PoolRuntime, record_looks_every
 from vertumnus.operator.reconcile import Reconciler
 from vertumnus.operator.resources import Owner
 
@@ -116,12 +116,16 @@ async def _keep_checking_crd(
 def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.startup(registry=registry, id="startup")
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-        lifetime = os.environ.get("VERTUMNUS_PEERING_LIFETIME")
+        lifetime = os.environ.get(envnames.PEERING_LIFETIME)
         configure(settings, int(lifetime) if lifetime else None)
         if memo.get("admin_key") is None:  # kopf run -m ...kopf_entry: from the environment
             env = (
                 os.environ.get(v, "")
-                for v in (adminkeys.KEY_ENV, adminkeys.CA_ENV, adminkeys.CA_KEY_ENV)
+                for v in (
+                    envnames.ADMIN_KEY_FILE,
+                    envnames.ADMIN_CA_FILE,
+                    envnames.ADMIN_CA_KEY_FILE,
+                )
             )
             try:
                 memo["admin_key"], memo["admin_ca"] = adminkeys.load(*env)
@@ -131,12 +135,12 @@ def register(registry: kopf.OperatorRegistry) -> None:
         if memo.get("record_looks_s") is None:  # kopf_entry: from the environment
             getenv = os.environ.get
             try:
-                memo["record_looks_s"] = record_looks_every(getenv(RECORD_LOOKS_ENV, ""))
+                memo["record_looks_s"] = record_looks_every(getenv(envnames.RECORD_LOOKS_EVERY, ""))
                 memo["policies"] = netpol.peers_from(
-                    getenv(netpol.ENABLE_ENV, "") == "true",
-                    getenv(netpol.NAMESPACE_ENV, ""),
-                    getenv(netpol.LABELS_ENV, ""),
-                    getenv(netpol.METRICS_FROM_ENV, ""),
+                    getenv(envnames.POOL_NETWORK_POLICIES, "") == "true",
+                    getenv(envnames.POD_NAMESPACE, ""),
+                    getenv(envnames.OPERATOR_POD_LABELS, ""),
+                    getenv(envnames.ROUTER_METRICS_FROM, ""),
                 )
             except ValueError as e:
                 raise kopf.PermanentError(f"vertumnus operator: {e}") from None

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vertumnus.operator import envnames
 from vertumnus.operator import resources as res
 from vertumnus.operator.crd import PoolSpec
 
@@ -49,12 +50,6 @@ class Peers:
     """Who may scrape the routers' metrics port (NetworkPolicyPeers; empty: anyone)."""
 
 
-ENABLE_ENV = "VERTUMNUS_POOL_NETWORK_POLICIES"
-NAMESPACE_ENV = "POD_NAMESPACE"
-LABELS_ENV = "VERTUMNUS_OPERATOR_POD_LABELS"
-METRICS_FROM_ENV = "VERTUMNUS_ROUTER_METRICS_FROM"
-
-
 def peers_from(enabled: bool, namespace: str, labels: str, metrics_from: str = "") -> Peers | None:
     """``--pool-network-policies`` and what it needs: the operator's namespace (the chart
     gives ``$POD_NAMESPACE``), its pod labels (``k=v,k=v``) and optionally who may scrape
@@ -64,13 +59,13 @@ def peers_from(enabled: bool, namespace: str, labels: str, metrics_from: str = "
     if not namespace:
         raise ValueError(
             f"--pool-network-policies needs the operator's namespace (--operator-namespace or "
-            f"${NAMESPACE_ENV}): the routers' Admin port takes only the operator's pods"
+            f"${envnames.POD_NAMESPACE}): the routers' Admin port takes only the operator's pods"
         )
     pairs = [p.strip() for p in labels.split(",") if p.strip()]
     parsed = dict(p.split("=", 1) for p in pairs if "=" in p)
     if not pairs or len(parsed) != len(pairs) or not all(parsed) or not all(parsed.values()):
         raise ValueError(
-            f"--operator-pod-labels (${LABELS_ENV}): expected the operator pods' labels as "
+            f"--operator-pod-labels (${envnames.OPERATOR_POD_LABELS}): expected the operator pods' labels as "
             f"k=v,k=v, got {labels!r}"
         )
     peers: tuple[Mapping[str, Any], ...] = ()
@@ -79,11 +74,11 @@ def peers_from(enabled: bool, namespace: str, labels: str, metrics_from: str = "
             raw = json.loads(metrics_from)
         except json.JSONDecodeError as e:
             raise ValueError(
-                f"--router-metrics-from (${METRICS_FROM_ENV}): not JSON: {e}"
+                f"--router-metrics-from (${envnames.ROUTER_METRICS_FROM}): not JSON: {e}"
             ) from None
         if not isinstance(raw, list) or not all(isinstance(p, dict) and p for p in raw):
             raise ValueError(
-                f"--router-metrics-from (${METRICS_FROM_ENV}): expected a JSON list of "
+                f"--router-metrics-from (${envnames.ROUTER_METRICS_FROM}): expected a JSON list of "
                 f"NetworkPolicyPeers, got {metrics_from!r}"
             )
         peers = tuple(raw)

@@ -41,8 +41,8 @@ from vertumnus.core import transition as tr
 from vertumnus.core.control import Controller
 from vertumnus.core.lattice import Layout, layout_for
 from vertumnus.core.transition import SWITCH_TIMEOUT_S
+from vertumnus.operator import envnames, rollout
 from vertumnus.operator import resources as res
-from vertumnus.operator import rollout
 from vertumnus.operator.crd import (
     DEFAULT_REDIS_IMAGE,
     DEFAULT_ROUTER_IMAGE,
@@ -81,7 +81,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ROUTER_ADDRESSES_ENV = "VERTUMNUS_ROUTER_ADDRESSES"
 RESYNC_S = 60.0
 """Seconds between two full re-applies of a pool's objects (between them, only changes)."""
 OBJECT_MAX_AGE_S = 30.0
@@ -91,7 +90,6 @@ this)."""
 RECORD_LOOKS_S = 30.0
 """The default of ``--record-looks-every``: the longest a look that decides nothing waits
 to be written into the status (:attr:`TransitionRunner.record_looks_s`)."""
-RECORD_LOOKS_ENV = "VERTUMNUS_RECORD_LOOKS_EVERY"
 
 
 def record_looks_every(text: str) -> float:
@@ -105,7 +103,7 @@ def record_looks_every(text: str) -> float:
         seconds = -1.0
     if not 0.0 <= seconds < float("inf"):
         raise ValueError(
-            f"--record-looks-every (${RECORD_LOOKS_ENV}): expected seconds >= 0, got {text!r}"
+            f"--record-looks-every (${envnames.RECORD_LOOKS_EVERY}): expected seconds >= 0, got {text!r}"
         )
     return seconds
 
@@ -123,7 +121,7 @@ def pinned_router_addresses(obj: Mapping[str, Any]) -> list[str]:
     annotation, else by $VERTUMNUS_ROUTER_ADDRESSES ([]: none given)."""
     pinned = (obj["metadata"].get("annotations") or {}).get(
         res.ANN_ROUTER_ADDRESSES
-    ) or os.environ.get(ROUTER_ADDRESSES_ENV, "")
+    ) or os.environ.get(envnames.ROUTER_ADDRESSES, "")
     return [a.strip() for a in pinned.split(",") if a.strip()]
 
 
@@ -415,8 +413,8 @@ class PoolRuntime:
             spec = parse_spec(
                 obj.get("spec") or {},
                 tuple(sorted(capacity.kappa_per_s)),
-                router_image=os.environ.get("VERTUMNUS_ROUTER_IMAGE") or DEFAULT_ROUTER_IMAGE,
-                redis_image=os.environ.get("VERTUMNUS_REDIS_IMAGE") or DEFAULT_REDIS_IMAGE,
+                router_image=os.environ.get(envnames.ROUTER_IMAGE) or DEFAULT_ROUTER_IMAGE,
+                redis_image=os.environ.get(envnames.REDIS_IMAGE) or DEFAULT_REDIS_IMAGE,
             )
         except SpecError as e:
             await self._invalid(obj, generation, e)

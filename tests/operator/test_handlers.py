@@ -13,7 +13,7 @@ import kopf
 import pytest
 
 from vertumnus.admintoken import pool_token
-from vertumnus.operator import adminkeys, handlers
+from vertumnus.operator import envnames, handlers
 from vertumnus.operator.__main__ import default_priority, main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ def test_under_kopf_run_the_key_comes_from_the_environment_or_the_operator_stops
     (startup,) = [h for h in registry._activities.get_all_handlers() if h.id == "startup"]
     monkeypatch.setattr(handlers, "connection_info", lambda: None)
     monkeypatch.setattr(handlers, "KubeClient", lambda info: object())
-    for var in (adminkeys.KEY_ENV, adminkeys.CA_ENV, adminkeys.CA_KEY_ENV):
+    for var in (envnames.ADMIN_KEY_FILE, envnames.ADMIN_CA_FILE, envnames.ADMIN_CA_KEY_FILE):
         monkeypatch.delenv(var, raising=False)
 
     def start() -> kopf.Memo:
@@ -68,7 +68,7 @@ def test_under_kopf_run_the_key_comes_from_the_environment_or_the_operator_stops
     monkeypatch.setenv("VERTUMNUS_ADMIN_KEY_FILE", str(key))
     memo = start()
     assert memo["admin_key"] == b"k" * 32 and memo["admin_ca"] is None
-    monkeypatch.setenv(adminkeys.CA_ENV, str(tmp_path / "ca.crt"))
+    monkeypatch.setenv(envnames.ADMIN_CA_FILE, str(tmp_path / "ca.crt"))
     with pytest.raises(kopf.PermanentError, match="go together"):
         start()
 
@@ -272,8 +272,8 @@ def test_record_looks_every_comes_from_the_flag_or_the_environment(monkeypatch, 
     (startup,) = [h for h in registry._activities.get_all_handlers() if h.id == "startup"]
     monkeypatch.setattr(handlers, "connection_info", lambda: None)
     monkeypatch.setattr(handlers, "KubeClient", lambda info: object())
-    monkeypatch.setenv(adminkeys.KEY_ENV, str(key))
-    for var in (adminkeys.CA_ENV, adminkeys.CA_KEY_ENV):
+    monkeypatch.setenv(envnames.ADMIN_KEY_FILE, str(key))
+    for var in (envnames.ADMIN_CA_FILE, envnames.ADMIN_CA_KEY_FILE):
         monkeypatch.delenv(var, raising=False)
     memo = kopf.Memo()
     asyncio.run(startup.fn(settings=kopf.OperatorSettings(), memo=memo))
