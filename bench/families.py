@@ -54,6 +54,10 @@ composition over the copies (the noise floor).
     python bench/families.py --draws 0,1,2 --replicas 3 --out docs/benchmarks/adaptive_families_replicas.json
     python bench/families.py --draws 0,1,2 --replicas 3 --planner NAME=VALUE \
         --fixed-from docs/benchmarks/adaptive_families_replicas.json --out /tmp/try.json
+    python bench/families.py --draws 0,1,2 --replicas 6 \
+        --fixed-from docs/benchmarks/adaptive_families_replicas.json --out /tmp/six.json
+
+(``--fixed-from`` a file with fewer copies runs the fixed pools of the copies it lacks.)
 
 Writes ``docs/benchmarks/adaptive_families.json`` (``--out``) and prints the
 table. Simulated TTFTs are deterministic; only the wall times vary.
@@ -454,8 +458,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--fixed-from",
         metavar="JSON",
         help="run adaptive only and take the fixed compositions' runs from this earlier "
-        "output (same draws and replicas; for trying controller settings in a third of "
-        "the time)",
+        "output (same draws, at most as many replicas: copies it lacks run their fixed "
+        "pools too; for trying controller settings in a third of the time)",
     )
     ap.add_argument("--jobs", type=int, default=2, help="simulations in parallel (default 2)")
     ap.add_argument("--out", default=str(OUT))
@@ -465,18 +469,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.fixed_from:
         earlier = json.loads(Path(args.fixed_from).read_text())
         drawn = earlier.get("draws")
+        stored_replicas = earlier.get("replicas", 1)
         if (
             (drawn is None) != (args.draws is None)
             or not set(args.draws or ()) <= set(drawn or ())
-            or earlier.get("replicas", 1) != args.replicas
+            or stored_replicas > args.replicas
         ):
             ap.error(
                 f"--fixed-from {args.fixed_from}: draws {earlier.get('draws')} and "
-                f"{earlier.get('replicas', 1)} replicas, this run {args.draws} and {args.replicas}"
+                f"{stored_replicas} replicas, this run {args.draws} and {args.replicas}"
             )
         stored = {(c["family"], c["load"], c["draw"]): c for c in earlier["cells"]}
+    else:
+        stored_replicas = 0
+    # Copies the stored file has reuse its fixed runs; copies past them run their own.
     todo = [
-        (f, ld, args.planner, not args.no_rebalance, d, r, not args.fixed_from)
+        (f, ld, args.planner, not args.no_rebalance, d, r, r >= stored_replicas)
         for f in (args.family or FAMILIES)
         for ld in (args.load or LOADS)
         for d in (args.draws or [None])
@@ -491,7 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cells = []
         copies: list[dict[str, Any]] = []
         for copy in pool.map(_copy, todo):
-            if args.fixed_from:
+            if len(copies) < stored_replicas:
                 key = (copy["family"], copy["load"], copy["draw"])
                 copy = with_stored_fixed(copy, stored[key], len(copies))
             copies.append(copy)

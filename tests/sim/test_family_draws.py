@@ -140,6 +140,19 @@ def test_fixed_runs_from_an_earlier_output_judge_a_cell_as_if_run_again():
         f.with_stored_fixed({**alone[0], "requests": 11}, stored, 0)
 
 
+def test_copies_past_the_stored_ones_bring_their_own_fixed_runs():
+    f = bench_script("families.py")
+
+    stored = f.combine([copy((1.0, 2.0), (0.9, 2.0), (1.0, 2.0))])  # one copy stored
+    alone = copy((1.0, 2.0), (5.0, 5.0), (5.0, 5.0))["runs"]["vertumnus-adaptive"]
+    first = f.with_stored_fixed({**stored, "runs": {"vertumnus-adaptive": alone}}, stored, 0)
+    second = copy((1.2, 2.2), (1.3, 2.4), (1.0, 2.1))  # run whole, as copy 1 is
+    cell = f.combine([first, second])
+    assert cell["runs"]["vertumnus:A"]["replicas"] == [[0.9, 2.0], [1.3, 2.4]]
+    assert cell["runs"]["vertumnus:B"]["replicas"] == [[1.0, 2.0], [1.0, 2.1]]
+    assert cell["best_fixed_mean"] == "vertumnus:B"
+
+
 @pytest.mark.parametrize(
     ("flag", "bad"),
     [("--draws", b) for b in ("x", "0,-1", "")] + [("--replicas", b) for b in ("0", "x", "-2")],
