@@ -237,20 +237,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def medians(
+    found: dict[str, list[dict[str, float]]],
+) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """Each tree's median of each figure over its runs, and after / before per figure."""
+    names = list(found["after"][0])
+    median = {k: {n: statistics.median(r[n] for r in v) for n in names} for k, v in found.items()}
+    return median, {n: median["after"][n] / median["before"][n] for n in names}
+
+
 def compare_decisions(args: argparse.Namespace) -> int:
     """The decision figure alone: both trees in alternation, medians and ratios."""
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
     threads = {"before": args.before_threads, "after": args.decision_threads}
-    found: dict[str, list[list[float]]] = {k: [] for k in trees}
+    names = ["1024 GPUs CP4/CP8", "1024 GPUs degrees 1-8"]
+    found: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
     for i in range(args.runs):
         for label, tree in trees.items():
-            found[label].append(run_decision(tree, threads[label], args.decision_change))
-            print(f"run {i + 1}/{args.runs} {label}: decision {found[label][-1]} ms", flush=True)
-    names = ["1024 GPUs CP4/CP8", "1024 GPUs degrees 1-8"]
-    median = {
-        k: {n: statistics.median(r[j] for r in v) for j, n in enumerate(names)}
-        for k, v in found.items()
-    }
+            ms = run_decision(tree, threads[label], args.decision_change)
+            found[label].append(dict(zip(names, ms, strict=True)))
+            print(f"run {i + 1}/{args.runs} {label}: decision {ms} ms", flush=True)
+    median, ratios = medians(found)
     report = {
         "date": time.strftime("%Y-%m-%d"),
         "runs": args.runs,
@@ -258,13 +265,13 @@ def compare_decisions(args: argparse.Namespace) -> int:
         "threads": threads,
         "change": args.decision_change,
         "decision_wall_ms": median,
-        "ratios": {n: median["after"][n] / median["before"][n] for n in names},
-        "samples": found,
+        "ratios": ratios,
+        "samples": {k: [[r[n] for n in names] for r in v] for k, v in found.items()},
     }
     for n in names:
         print(
             f"decision, {n}: {median['before'][n]:.1f} -> {median['after'][n]:.1f} ms wall "
-            f"({report['ratios'][n]:.3f}x; after on {threads['after']} thread(s))"
+            f"({ratios[n]:.3f}x; after on {threads['after']} thread(s))"
         )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
@@ -296,21 +303,20 @@ def compare_routers(args: argparse.Namespace) -> int:
                     }
                 )
                 print(f"run {i + 1}/{args.runs} {label}: {found[label][-1]}", flush=True)
-    names = list(found["after"][0])
-    median = {k: {n: statistics.median(r[n] for r in v) for n in names} for k, v in found.items()}
+    median, ratios = medians(found)
     report = {
         "date": time.strftime("%Y-%m-%d"),
         "runs": args.runs,
         "store": "redis" if args.redis else "memory",
         "trees": {k: str(v) for k, v in trees.items()},
         "median": median,
-        "ratios": {n: median["after"][n] / median["before"][n] for n in names},
+        "ratios": ratios,
         "samples": found,
     }
-    for n in names:
+    for n, ratio in ratios.items():
         print(
             f"router ({report['store']}), {n}: {median['before'][n]:,.0f} -> "
-            f"{median['after'][n]:,.0f} ({report['ratios'][n]:.2f}x)"
+            f"{median['after'][n]:,.0f} ({ratio:.2f}x)"
         )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
