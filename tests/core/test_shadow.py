@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 
 from vertumnus.core import planner
-from vertumnus.core.control import Controller
+from vertumnus.core.control import Controller, WhatIf
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.placement import PlacementParams
 from vertumnus.core.plannersettings import PlannerSettings
 from vertumnus.core.policies.vertumnus import CostModelPolicy
-from vertumnus.core.shadow import SHADOW_BLOCK_TOKENS, Shadow, ShadowBank, monotone
+from vertumnus.core.shadow import SHADOW_BLOCK_TOKENS, Comparison, Shadow, ShadowBank, monotone
 from vertumnus.core.types import Composition, Request
+from vertumnus.core.whatif import Estimate
 from vertumnus.profiles import load_model
 from vertumnus.sim.engine import PoolConfig, Simulation
 from vertumnus.sim.reconfig import AdaptiveOptions, build_adaptive
@@ -276,3 +277,80 @@ def test_after_a_change_of_arrivals_the_shadows_compare_only_what_came_since(
     for end, spans in after:  # the change found within a hop or two of 600 s
         assert all(c["span_s"] <= end - 595.0 for c in spans), (end, spans)
     assert max(c["span_s"] for _, spans in after for c in spans) >= 200  # and compared since
+
+
+def _merging_to_4xcp4_3xcp8(
+    model: PrefillModel, **settings: float
+) -> tuple[Controller, planner.WindowObservation, tuple[planner.Op, ...]]:
+    """A controller with shadows on 10xCP4, its window observation, and the three
+    merges that lead to 4xCP4+3xCP8: step 3 of a five-step path, where the shadows
+    follow steps 1, 2, 4 and 5."""
+    layout = planner.layout_for(Composition.parse("10xCP4"))
+    ps = PlannerSettings(shadow=True, **settings)  # type: ignore[arg-type]
+    c = Controller(
+        planner.initial_state(layout),
+        CAPACITY,
+        ps,
+        model,
+        block_size=BLOCK,
+        cache_blocks_per_gpu=100,
+    )
+    obs = planner.WindowObservation(
+        demand_s=1.0,
+        requests=10,
+        long_requests=0,
+        workers=tuple(planner.WorkerObservation(s.worker) for s in layout.slots),
+    )
+    ops = tuple(st.op for st in planner.free_path(layout, (), "merge", ps, obs.workers, limit=3))
+    assert c._after(layout, ops) == Composition.parse("4xCP4+3xCP8")
+    return c, obs, ops
+
+
+def test_a_move_that_passes_a_composition_the_shadows_find_worse_is_held_back(
+    model: PrefillModel,
+) -> None:
+    """A step on the way to the target that the shadows find worse than the current
+    composition holds the move back, as the target itself does; one beyond the
+    target, one they find better, or one compared too briefly does not."""
+    c, obs, ops = _merging_to_4xcp4_3xcp8(model)
+    for comp, gain, span_s, held in (
+        ("6xCP4+2xCP8", -0.05, 300.0, True),  # on the way, worse
+        ("8xCP4+1xCP8", -0.05, 300.0, True),  # the first step, worse
+        ("4xCP4+3xCP8", -0.05, 300.0, True),  # the target itself, worse
+        ("6xCP4+2xCP8", 0.05, 300.0, False),  # on the way, better
+        ("2xCP4+4xCP8", -0.05, 300.0, False),  # beyond the target
+        ("6xCP4+2xCP8", -0.05, 100.0, False),  # fewer seconds than shadow_min_s
+    ):
+        c._compared = (Comparison(Composition.parse(comp), 1000, span_s, gain, gain),)
+        assert c._shadow_veto(c.state, obs, ops, None) is held, (comp, gain, span_s)
+
+
+def test_a_decisive_estimate_is_held_to_the_shadows_on_its_own_window(
+    model: PrefillModel,
+) -> None:
+    """The window's cold replay claims 20 % for the merges; the shadows, serving the
+    same short requests warm, find its first steps slower on that window: held back,
+    whatever their older comparisons say. Without a warm comparison of the window
+    (no shadows served it) a decisive estimate goes through, as it did before."""
+    trace = generate(SyntheticConfig(duration_s=120.0, mean_rate=12.0, max_length=8192), seed=1)
+    c, obs, ops = _merging_to_4xcp4_3xcp8(model, shadow_warmup_s=5.0)
+    current, target = Composition.parse("10xCP4"), Composition.parse("4xCP4+3xCP8")
+    check = WhatIf(
+        current=Estimate(current, 1.0, 2.0, 100),
+        candidates=(),
+        proposed=Estimate(target, 0.8, 1.6, 100),
+        verdict="agree",
+    )
+    assert c.shadows is not None
+    c.shadows.follow(
+        Composition.parse(x) for x in ("10xCP4", "8xCP4+1xCP8", "6xCP4+2xCP8", "2xCP4+4xCP8")
+    )
+    assert c._shadow_veto(c.state, obs, ops, check) is False  # nothing served yet
+    c.shadow_serve(trace.requests)
+    window = c.shadows.compare(current, c.shadows.now_s - c.settings.window_s)
+    assert window and all(x.weighed(0.5) < 0 for x in window if x.composition != current)
+    c._compared = ()  # no older comparison: the window's decides
+    assert c._shadow_veto(c.state, obs, ops, check) is True
+    # A gain below whatif_decisive is held to the older comparisons (none here).
+    mild = replace(check, proposed=Estimate(target, 0.95, 1.9, 100))
+    assert c._shadow_veto(c.state, obs, ops, mild) is False

@@ -413,7 +413,7 @@ class Controller:
             self._anchor_s = max(self._anchor_s, self.shadows.now_s - since.change.hops * ps.hop)
         compared: tuple[shadow.Comparison, ...] = ()
         if self.shadows is not None and boundary and not reconfiguring:
-            if ops and self._shadow_veto(before, ops, check):
+            if ops and self._shadow_veto(before, obs, ops, check):
                 self._stand(before, goal)
                 ops = ()
                 if check is not None:
@@ -445,29 +445,58 @@ class Controller:
     def _shadow_veto(
         self,
         before: planner.ControllerState,
+        obs: planner.WindowObservation,
         ops: tuple[planner.Op, ...],
         check: WhatIf | None,
     ) -> bool:
-        """A move that is not decisive (the window's estimate gains less than
-        ``whatif_decisive``, on the whole window) toward a composition the shadows'
-        last comparison, over ``shadow_min_s`` at least, finds worse than the current
-        one (the weighed gain below 0): the window's estimate against minutes of
-        the pool's own requests, the estimate loses."""
+        """A move the shadows find worse than staying: its target, or a composition
+        on its way there (along the path), weighed gain below 0. The window's
+        estimate against the pool's own requests served warm, the estimate loses.
+
+        - A move the window's estimate finds decisive (``whatif_decisive``, on the
+          whole window) is held to the shadows' comparison on that window's requests
+          alone: a shift within the window is what a decisive gain is let through
+          for, and the shadows served the same requests. A cold replay's bias is
+          not a reason (docs/benchmarks/adaptive.md, "A decisive estimate asks the
+          shadows about its own window").
+        - Any other is held to their last comparison, over ``shadow_min_s`` at least.
+        - After a change of arrivals (the estimate on the requests since it) none is
+          held: the shadows have not compared enough of the new load.
+
+        The shadows follow a few steps of each path, not every one (three merges on
+        a path of five land where none is); along a path the TTFT rises on both
+        sides of its best point, so a step on the way that is worse than here says
+        the target is worse too."""
         ps = self.settings
+        assert self.shadows is not None
         if check is not None and check.since_s is not None:
             return False
         target = self.state.target or self._after(before.layout, ops)
+        decisive = False
         if check is not None:
             found = [e for _, e in check.candidates if e.composition == target]
             if check.proposed is not None and check.proposed.composition == target:
                 found.append(check.proposed)
             cur = check.current.mean_s
-            if found and cur > 0 and 1.0 - found[0].mean_s / cur >= ps.whatif_decisive:
-                return False
-        for c in self._compared:
-            if c.composition == target and c.span_s >= ps.shadow_min_s:
-                return c.weighed(ps.whatif_lean_p90) < 0.0
-        return False
+            decisive = bool(found) and cur > 0 and 1.0 - found[0].mean_s / cur >= ps.whatif_decisive
+        direction = "split" if isinstance(ops[0], planner.Split) else "merge"
+        path = planner.free_path(
+            before.layout, (), direction, ps, obs.workers, target=target, limit=ps.max_walk
+        )
+        on_way = {target}
+        if path and path[-1].composition == target:
+            on_way.update(st.composition for st in path)
+        if decisive:
+            compared = self.shadows.compare(
+                before.layout.composition, self.shadows.now_s - ps.window_s
+            )
+            min_s = ps.window_s / 2
+        else:
+            compared, min_s = list(self._compared), ps.shadow_min_s
+        return any(
+            c.composition in on_way and c.span_s >= min_s and c.weighed(ps.whatif_lean_p90) < 0.0
+            for c in compared
+        )
 
     def _shadow_look(
         self,

@@ -268,8 +268,10 @@ class PlannerSettings:
     decided, a neighbour whose pooled TTFTs over the last ``shadow_horizon_s``
     beat the current one's by ``shadow_margin`` (the mean's gain and the P90's,
     weighed by ``whatif_lean_p90``; neither worse by more than the margin) is
-    moved to; a move of the window estimate toward one they find worse, not
-    decisive, is held back. On by default since 2026-12-06 for pools up to
+    moved to; a move of the window estimate toward one they find worse (or past
+    one on its way) is held back: on their last comparison, or, when the
+    estimate is decisive, on the window's own requests. On by default since
+    2026-12-06 for pools up to
     ``shadow_max_gpus`` (docs/benchmarks/adaptive.md, "Shadow pools that
     scale"). False: the window replays alone."""
     shadow_horizon_s: float = 600.0
