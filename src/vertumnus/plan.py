@@ -159,10 +159,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     ranked = sorted(enumerate(estimates), key=lambda ie: (ie[1].mean_s, ie[0]))
     best = ranked[0][1]
     print(f"{'rank':>4}  {'composition':<28} {'mean TTFT':>10} {'P90 TTFT':>10}  vs best")
-    for rank, (_, e) in enumerate(ranked[: args.top], start=1):
+    for rank, (_, est) in enumerate(ranked[: args.top], start=1):
         print(
-            f"{rank:>4}  {str(e.composition):<28} {e.mean_s:>9.3f}s {e.p90_s:>9.3f}s  "
-            f"{e.mean_s / best.mean_s:.3f}x"
+            f"{rank:>4}  {str(est.composition):<28} {est.mean_s:>9.3f}s {est.p90_s:>9.3f}s  "
+            f"{est.mean_s / best.mean_s:.3f}x"
         )
     if len(ranked) > args.top:
         print(f"      ... {len(ranked) - args.top} more (--top)")
