@@ -26,14 +26,16 @@ def load(
     Raises ValueError saying what is missing or wrong, and how to mend it."""
     if need_key and not key_file:
         raise ValueError(
-            f"no admin key: set --admin-key-file or ${envnames.ADMIN_KEY_FILE} to a file of at least 16 random "
-            "bytes (the chart mounts its Secret <release>-vertumnus-operator-admin-key), e.g. "
+            f"no admin key: set --admin-key-file or ${envnames.ADMIN_KEY_FILE} to a file of "
+            "at least 16 random bytes (the chart mounts its Secret "
+            "<release>-vertumnus-operator-admin-key), e.g. "
             "head -c 32 /dev/urandom | base64 > admin.key"
         )
     key = read_key(key_file) if key_file else None
     if bool(ca_file) != bool(ca_key_file):
         raise ValueError(
             "the admin CA's certificate and key go together (--admin-ca-file and "
-            f"--admin-ca-key-file, or ${envnames.ADMIN_CA_FILE} and ${envnames.ADMIN_CA_KEY_FILE})"
+            f"--admin-ca-key-file, or ${envnames.ADMIN_CA_FILE} and "
+            f"${envnames.ADMIN_CA_KEY_FILE})"
         )
     return key, read_ca(ca_file, ca_key_file) if ca_file else None

@@ -65,8 +65,8 @@ def peers_from(enabled: bool, namespace: str, labels: str, metrics_from: str = "
     parsed = dict(p.split("=", 1) for p in pairs if "=" in p)
     if not pairs or len(parsed) != len(pairs) or not all(parsed) or not all(parsed.values()):
         raise ValueError(
-            f"--operator-pod-labels (${envnames.OPERATOR_POD_LABELS}): expected the operator pods' labels as "
-            f"k=v,k=v, got {labels!r}"
+            f"--operator-pod-labels (${envnames.OPERATOR_POD_LABELS}): expected the operator "
+            f"pods' labels as k=v,k=v, got {labels!r}"
         )
     peers: tuple[Mapping[str, Any], ...] = ()
     if metrics_from.strip():
