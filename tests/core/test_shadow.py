@@ -204,21 +204,24 @@ def test_shadow_settings_are_validated() -> None:
         PlannerSettings(shadow_max_gpus=-1)
 
 
+def shadowed(model: PrefillModel, comp: str, ps: PlannerSettings) -> Controller:
+    """A controller on ``comp`` whose shadows know the cache size (100 blocks per GPU)."""
+    return Controller(
+        planner.initial_state(planner.layout_for(Composition.parse(comp))),
+        CAPACITY,
+        ps,
+        model,
+        block_size=BLOCK,
+        cache_blocks_per_gpu=100,
+    )
+
+
 def test_a_pool_larger_than_shadow_max_gpus_keeps_no_shadows(model: PrefillModel) -> None:
     """Shadows cost per request and per comparison, growing with the pool: above
     ``shadow_max_gpus`` the controller keeps none (the window replays alone)."""
-    layout = planner.layout_for(Composition.parse("6xCP4+2xCP8"))  # 40 GPUs
     for cap, kept in ((40, True), (39, False)):
-        ps = PlannerSettings(shadow=True, shadow_max_gpus=cap)
-        c = Controller(
-            planner.initial_state(layout),
-            CAPACITY,
-            ps,
-            model,
-            block_size=BLOCK,
-            cache_blocks_per_gpu=100,
-        )
-        assert (c.shadows is not None) is kept
+        c = shadowed(model, "6xCP4+2xCP8", PlannerSettings(shadow=True, shadow_max_gpus=cap))
+        assert (c.shadows is not None) is kept  # 40 GPUs
 
 
 def test_the_shadows_move_a_pool_started_on_the_wrong_shape(model: PrefillModel) -> None:
@@ -285,16 +288,9 @@ def _merging_to_4xcp4_3xcp8(
     """A controller with shadows on 10xCP4, its window observation, and the three
     merges that lead to 4xCP4+3xCP8: step 3 of a five-step path, where the shadows
     follow steps 1, 2, 4 and 5."""
-    layout = planner.layout_for(Composition.parse("10xCP4"))
     ps = PlannerSettings(shadow=True, **settings)  # type: ignore[arg-type]
-    c = Controller(
-        planner.initial_state(layout),
-        CAPACITY,
-        ps,
-        model,
-        block_size=BLOCK,
-        cache_blocks_per_gpu=100,
-    )
+    c = shadowed(model, "10xCP4", ps)
+    layout = c.state.layout
     obs = planner.WindowObservation(
         demand_s=1.0,
         requests=10,

@@ -479,13 +479,8 @@ class Controller:
                 found.append(check.proposed)
             cur = check.current.mean_s
             decisive = bool(found) and cur > 0 and 1.0 - found[0].mean_s / cur >= ps.whatif_decisive
-        direction = "split" if isinstance(ops[0], planner.Split) else "merge"
-        path = planner.free_path(
-            before.layout, (), direction, ps, obs.workers, target=target, limit=ps.max_walk
-        )
-        on_way = {target}
-        if path and path[-1].composition == target:
-            on_way.update(st.composition for st in path)
+        there = probes.along(before.layout, obs.workers, _direction(ops), ps, target=target)
+        on_way = {target, *(st.composition for steps in there for st in steps)}
         if decisive:
             compared = self.shadows.compare(
                 before.layout.composition, self.shadows.now_s - ps.window_s
