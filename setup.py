@@ -1,5 +1,6 @@
 """Build hooks: compile proto/ into vertumnus._proto, and the placement hot
-path, the what-if replay and the prefix index's node into optional C extensions.
+path, the what-if replay, the shadow pools and the prefix index's node into
+optional C extensions.
 
 The generated modules are build outputs, never committed: ``build_py`` writes
 them into ``src/vertumnus/_proto/`` (gitignored) before setuptools collects
@@ -10,9 +11,10 @@ modules actually live in. After editing a .proto, re-run
 ``pip install -e . --no-deps``.
 
 The C extensions are optional: where no C compiler is available the build
-goes on without them and placement and the what-if replay run their
-pure-Python twins (same results, slower; ``HOT_PATH`` in
-``vertumnus.core.placement`` and ``vertumnus.core.whatif`` says which one runs),
+goes on without them and placement, the what-if replay and the shadow pools run
+their pure-Python twins (same results, slower; ``HOT_PATH`` in
+``vertumnus.core.placement``, ``vertumnus.core.whatif`` and
+``vertumnus.core.shadow`` says which one runs),
 and the prefix index's nodes stay in the cyclic garbage collector's walks
 (``vertumnus.core._trienode``; ``UNTRACKED`` in ``vertumnus.core.trie``).
 """
@@ -97,6 +99,12 @@ setup(
         Extension(
             "vertumnus.core._whatif",
             ["src/vertumnus/core/_whatif.c"],
+            extra_compile_args=_FP_STRICT,
+            optional=True,
+        ),
+        Extension(
+            "vertumnus.core._shadow",
+            ["src/vertumnus/core/_shadow.c"],
             extra_compile_args=_FP_STRICT,
             optional=True,
         ),

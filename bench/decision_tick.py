@@ -22,13 +22,20 @@ timed; the seven before it fill the window.
 ``--load 2`` doubles the rate (a window past the bound on a look's replays,
 ``whatif_rows``, even without a change); ``--rows N`` sets that bound.
 
+``--shadows`` keeps the shadow pools as the controller does (``shadow``, on by
+default up to ``shadow_max_gpus``), each filled first with the horizon's 600 s of
+the same stream: the look then also compares them (and the time they take to
+serve each request, which the look does not include, is ``bench/shadow_speed.py``'s).
+Each repeat then times the same look without them too, alternately, and both are
+printed side by side.
+
 ``bench/planner_speed.py`` records these for this checkout;
 ``bench/compare_checkouts.py`` runs this file against another checkout's
 code, side by side (it only uses what every checkout since the what-if check
 has, and sets ``whatif_threads`` only where it exists). Alone::
 
     python bench/decision_tick.py [--gpus 1024] [--threads 2] [--repeat 7] [--change]
-        [--load 2] [--rows 1000000000000] [--out FILE]
+        [--load 2] [--rows 1000000000000] [--shadows] [--out FILE]
 """
 
 from __future__ import annotations
@@ -78,6 +85,33 @@ def _window(gpus: int, change: bool, load: float = 1.0) -> list[tuple[Request, i
     return out
 
 
+def _filled_shadows(
+    gpus: int, layout: planner.Layout, settings: planner.PlannerSettings, block_size: int
+) -> object:
+    """The shadows a controller on ``layout`` keeps, each having served the horizon's
+    requests (600 s at 0.75 per second per GPU; their clock is theirs: the look
+    compares what they served over the horizon up to their latest arrival)."""
+    from vertumnus.core import probes  # only in checkouts with shadows
+    from vertumnus.core.memory import DIRECTIONS
+
+    horizon = settings.shadow_horizon_s
+    config = SyntheticConfig(duration_s=horizon, mean_rate=0.75 * gpus, peak_to_trough=1.0)
+    trace = generate(config, seed=7)
+    ctl = Controller(
+        planner.initial_state(layout), CAP, settings, load_model(), None, block_size,
+        cache_blocks_per_gpu=1000,
+    )  # fmt: skip
+    bank = ctl.shadows
+    if bank is None:
+        raise SystemExit(f"--shadows: a {gpus}-GPU pool keeps none (shadow_max_gpus)")
+    workers = [planner.WorkerObservation(s.worker, 0.0, 0.0) for s in layout.slots]
+    paths = probes.ends({d: probes.along(layout, workers, d, settings) for d in DIRECTIONS})
+    bank.follow([layout.composition, *paths["split"], *paths["merge"]])
+    for r in sorted(trace.requests, key=lambda q: q.arrival_s):
+        bank.serve(r)
+    return bank
+
+
 def time_tick(
     gpus: int,
     comp: str,
@@ -87,9 +121,10 @@ def time_tick(
     change: bool = False,
     load: float = 1.0,
     rows: int | None = None,
+    shadows: bool = False,
 ) -> dict:
     """Median / max CPU and wall ms of one tick on ``comp`` (module docstring);
-    ``rows``: ``whatif_rows`` (None: the default)."""
+    ``rows``: ``whatif_rows`` (None: the default); ``shadows``: with the shadow pools."""
     model = load_model()
     window = _window(gpus, change, load)
     block_size = 512
@@ -107,34 +142,54 @@ def time_tick(
     settings = planner.PlannerSettings(**options)  # type: ignore[arg-type]
     layout = planner.layout_for(Composition.parse(comp))
     running = {s.worker: (s.worker % 7) * 0.1 for s in layout.slots}
-    cpu, wall = [], []
+    bank = _filled_shadows(gpus, layout, settings, block_size) if shadows else None
+    # With the shadows, each repeat also times the look without them, alternately.
+    banks = (None, bank) if bank is not None else (None,)
+    cpu: dict[object, list[float]] = {id(b): [] for b in banks}
+    wall: list[float] = []
     last: dict[str, object] = {}
     for _ in range(repeat):
-        ctl = Controller(planner.initial_state(layout), CAP, settings, model, None, block_size)
-        hop_s = 20.0 / hops
-        for hop in range(hops):
-            for r, cached in window:
-                if hop_s * hop <= r.arrival_s < hop_s * (hop + 1) or hops == 1:
-                    ctl.windows.placed(r, 0.01, cached)
-            if hop < hops - 1:
-                assert ctl.tick(running, reconfiguring=False) is None  # filling the window
-        w0, c0 = time.perf_counter(), time.process_time()
-        tick = ctl.tick(running, reconfiguring=False)
-        cpu.append((time.process_time() - c0) * 1e3)
-        wall.append((time.perf_counter() - w0) * 1e3)
-        assert tick is not None and tick.whatif is not None
-        if change and tick.whatif.change is None:
-            raise SystemExit("--change: the window's change of arrivals was not detected")
-        last = {
-            "verdict": tick.whatif.verdict,
-            "candidates": len(tick.whatif.candidates),
-            "ops": len(tick.ops),
-        }
+        for b in banks:
+            ctl = Controller(planner.initial_state(layout), CAP, settings, model, None, block_size)
+            if b is not None:
+                ctl.shadows = b  # type: ignore[assignment]  # the same, filled, every repeat
+            hop_s = 20.0 / hops
+            for hop in range(hops):
+                for r, cached in window:
+                    if hop_s * hop <= r.arrival_s < hop_s * (hop + 1) or hops == 1:
+                        ctl.windows.placed(r, 0.01, cached)
+                if hop < hops - 1:
+                    assert ctl.tick(running, reconfiguring=False) is None  # filling the window
+            w0, c0 = time.perf_counter(), time.process_time()
+            tick = ctl.tick(running, reconfiguring=False)
+            cpu[id(b)].append((time.process_time() - c0) * 1e3)
+            if b is bank:
+                wall.append((time.perf_counter() - w0) * 1e3)
+            assert tick is not None and tick.whatif is not None
+            if change and tick.whatif.change is None:
+                raise SystemExit("--change: the window's change of arrivals was not detected")
+            if b is bank:
+                last = {
+                    "verdict": tick.whatif.verdict,
+                    "candidates": len(tick.whatif.candidates),
+                    "ops": len(tick.ops),
+                }
+            if b is not None:
+                last["shadows"] = len(b.shadows)  # type: ignore[attr-defined]
+                last["shadows_compared"] = len(tick.shadow)
+                last["shadow_requests"] = max((c.requests for c in tick.shadow), default=0)
+    mine = cpu[id(bank)]
+    if bank is not None:
+        alone = cpu[id(None)]
+        last["without_shadows_median_ms"] = statistics.median(alone)
+        last["without_shadows_min_ms"] = min(alone)
+        last["min_ms"] = min(mine)
     return {
         "label": f"{gpus} GPUs, {len(layout.slots)} workers ({comp}), {len(window)} requests"
-        + (", a change of arrivals 5 s before the look" if change else ""),
-        "median_ms": statistics.median(cpu),
-        "max_ms": max(cpu),
+        + (", a change of arrivals 5 s before the look" if change else "")
+        + (", with the shadow pools" if shadows else ""),
+        "median_ms": statistics.median(mine),
+        "max_ms": max(mine),
         "wall_median_ms": statistics.median(wall),
         "wall_max_ms": max(wall),
         **last,
@@ -157,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--rows", type=int, default=None, help="whatif_rows, the bound on a look's replays"
     )
+    ap.add_argument(
+        "--shadows", action="store_true", help="with the shadow pools, filled (module docstring)"
+    )
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     args = ap.parse_args(argv)
     if args.threads < 1 or args.repeat < 1:
@@ -166,13 +224,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.rows is not None and args.rows < 1:
         ap.error(f"--rows must be >= 1, got {args.rows}")
     found = [
-        time_tick(args.gpus, c, d, args.threads, args.repeat, args.change, args.load, args.rows)
+        time_tick(
+            args.gpus,
+            c,
+            d,
+            args.threads,
+            args.repeat,
+            args.change,
+            args.load,
+            args.rows,
+            args.shadows,
+        )  # fmt: skip
         for c, d in POOLS[args.gpus]
     ]
     for f in found:
+        alone = (
+            f"; without them {f['without_shadows_median_ms']:.1f} ms (least of each "
+            f"{f['min_ms']:.1f} / {f['without_shadows_min_ms']:.1f} ms)"
+            if "without_shadows_median_ms" in f
+            else ""
+        )
         print(
             f"{f['label']}, {args.threads} thread(s): CPU {f['median_ms']:.1f} ms, "
-            f"wall {f['wall_median_ms']:.1f} ms (median of {args.repeat})",
+            f"wall {f['wall_median_ms']:.1f} ms (median of {args.repeat}){alone}",
             file=sys.stderr,
         )
     if args.out:

@@ -132,9 +132,10 @@ def test_the_simulator_runs_from_the_wheel_on_its_bundled_profile(installed: Pat
     assert "vertumnus-adaptive" in out.stdout
     hot = _python(
         installed,
-        "from vertumnus.core import whatif, placement; print(whatif.HOT_PATH, placement.HOT_PATH)",
+        "from vertumnus.core import whatif, placement, shadow; "
+        "print(whatif.HOT_PATH, placement.HOT_PATH, shadow.HOT_PATH)",
     )
-    assert hot.stdout.split() == ["c", "c"], hot.stdout + hot.stderr
+    assert hot.stdout.split() == ["c", "c", "c"], hot.stdout + hot.stderr
 
 
 def test_the_dockerfiles_match_the_chart_and_the_build_requirements() -> None:

@@ -134,7 +134,8 @@ class ControllerSpec:
     whatif_threads: int = 1
     whatif_rows: int = 350_000
     shadow: bool = True
-    shadow_max_gpus: int = 64
+    shadow_max_gpus: int = 1024
+    shadow_memory_mib: int = 256
     damp_flaps: int = 2
 
     @property
@@ -267,6 +268,7 @@ class PoolSpec:
             whatif_rows=c.whatif_rows,
             shadow=c.shadow,
             shadow_max_gpus=c.shadow_max_gpus,
+            shadow_memory_mib=c.shadow_memory_mib,
             damp_flaps=c.damp_flaps,
             domain_size=self.gpus_per_domain,
             degrees=self.degrees,
@@ -551,7 +553,8 @@ def parse_spec(
         whatif_threads=_int(c, "whatifThreads", cp, 1, 1, 16),
         whatif_rows=_int(c, "whatifRows", cp, 350_000, 1, 1_000_000_000),
         shadow=_bool(c, "shadow", cp, True),
-        shadow_max_gpus=_int(c, "shadowMaxGpus", cp, 64, 0, 1_000_000),
+        shadow_max_gpus=_int(c, "shadowMaxGpus", cp, 1024, 0, 1_000_000),
+        shadow_memory_mib=_int(c, "shadowMemoryMiB", cp, 256, 1, 1_048_576),
         damp_flaps=_int(c, "dampFlaps", cp, 2, 0, 100),
     )
     if not controller.lower < controller.upper:

@@ -9,12 +9,20 @@ import numpy as np
 import pytest
 
 from vertumnus.core import planner
+from vertumnus.core import shadow as shadow_mod
 from vertumnus.core.control import Controller, WhatIf
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.placement import PlacementParams
 from vertumnus.core.plannersettings import PlannerSettings
 from vertumnus.core.policies.vertumnus import CostModelPolicy
-from vertumnus.core.shadow import SHADOW_BLOCK_TOKENS, Comparison, Shadow, ShadowBank, monotone
+from vertumnus.core.shadow import (
+    HOT_PATH,
+    SHADOW_BLOCK_TOKENS,
+    Comparison,
+    Shadow,
+    ShadowBank,
+    monotone,
+)
 from vertumnus.core.types import Composition, Request
 from vertumnus.core.whatif import Estimate
 from vertumnus.profiles import load_model
@@ -95,22 +103,77 @@ def test_a_shadow_places_as_a_scan_of_every_worker_would(
     model: PrefillModel, comp: str, rate: float, cache_blocks: int
 ) -> None:
     """The search looks at a few workers (Shadow's docstring); request by request, it
-    picks the worker a scan of them all picks, refusals included."""
+    picks the worker a scan of them all picks, refusals included, in Python and in
+    its compiled twin: the same TTFTs, free times and caches, to the bit."""
     trace = generate(SyntheticConfig(duration_s=60.0, mean_rate=rate), seed=11)
     ordered = sorted(trace.requests, key=lambda q: q.arrival_s)
     # A few prompts too long for the smallest degrees, so some degrees must be skipped.
     ordered[5] = replace(ordered[5], length=model.max_tokens(2) + 1)
     ordered[9] = replace(ordered[9], length=model.max_tokens(8) + 1)
-    runs = []
-    for scan in (True, False):
-        c = Composition.parse(comp)
-        s = Shadow(c, model, PlacementParams(), cache_blocks, trace.block_size, 0.0, scan=scan)
-        assert s.scan is scan
-        for q in ordered:
+    c = Composition.parse(comp)
+    ways = [(True, False), (False, False)] + [(False, True)] * (HOT_PATH == "c")
+    shadows = [
+        Shadow(c, model, PlacementParams(), cache_blocks, trace.block_size, 0.0, scan, compiled)
+        for scan, compiled in ways
+    ]
+    assert [(s.scan, s.nbytes() is not None) for s in shadows] == ways
+    for i, q in enumerate(ordered):
+        for s in shadows:
             s.serve(q)
-        runs.append((s.ttfts, s.free, [c.keys_lru_first() for c in s.caches]))
-    assert len(runs[0][0]) == len(ordered) - 1  # only the one too long for CP8 refused
-    assert runs[0] == runs[1]
+        if i % 97 == 0 or i == len(ordered) - 1:  # the caches now and then, and at the end
+            states = [
+                (s.free_times(), [s.cached(w) for w in range(len(s.degrees))]) for s in shadows
+            ]
+            assert all(st == states[0] for st in states[1:]), i
+    assert len(shadows[0].ttfts) == len(ordered) - 1  # only the one too long for CP8 refused
+    assert all(s.ttfts == shadows[0].ttfts and s.arrivals == shadows[0].arrivals for s in shadows)
+    if cache_blocks == 60:  # caches that filled and evicted
+        assert any(len(shadows[0].cached(w)) == 60 * d for w, d in enumerate(shadows[0].degrees))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_compiled_shadow_keeps_its_caches_as_python_does_under_churn(
+    model: PrefillModel, seed: int
+) -> None:
+    """Prefixes drawn from a small tree (many workers hold each, every cache evicts all
+    along, its tables grow and shrink): the compiled twin's placements and caches are
+    the Python search's, request by request."""
+    if HOT_PATH != "c":
+        pytest.skip("built without a C compiler: only the Python shadow exists")
+    rng = np.random.default_rng(seed)
+    c = Composition.parse("12xCP1+6xCP2+4xCP4+2xCP8")
+    pair = [Shadow(c, model, PlacementParams(), 7, 256, 0.0, compiled=x) for x in (False, True)]
+    t = 0.0
+    for i in range(4000):
+        t += float(rng.exponential(0.05))
+        depth = int(rng.integers(1, 40))
+        branch = rng.integers(0, 3, depth)  # a path in a tree of fan-out 3
+        keys = tuple(int(hash(tuple(branch[: j + 1])) & (2**64 - 1)) for j in range(depth))
+        length = depth * 256 - int(rng.integers(0, 256))
+        for s in pair:
+            s.serve(Request(i, t, length, keys))
+        if i % 250 == 0:
+            got = [(s.free_times(), [s.cached(w) for w in range(len(c.degrees))]) for s in pair]
+            assert got[0] == got[1], i
+    assert pair[0].ttfts == pair[1].ttfts
+    assert len(pair[1].ttfts) == 4000
+
+
+def test_the_compiled_shadow_is_built_and_in_use(model: PrefillModel) -> None:
+    """Optional at install time, but this project's build (and CI) has a compiler: a
+    silent fall-back to Python would cost the shadows 10x the time and memory."""
+    assert HOT_PATH == "c"
+    s = shadow(model, "2xCP4")
+    assert s.nbytes() is not None
+    with pytest.raises(IndexError, match="worker 2 out of range"):
+        s.cached(2)
+    core = s._core
+    assert core is not None
+    with pytest.raises(TypeError, match="keys must be a buffer of uint64"):
+        core.serve(0.0, 100, b"1234567")
+    with pytest.raises(ValueError, match="degrees must be ascending"):
+        type(core)([8, 4], *[[0.0, 0.0]] * 3, [1, 1], [1, 1], 0.0, 0.0, 0.0, 1.0, 0.0, 16, 0.0)
+    assert len(s.ttfts) == 0  # nothing half-served
 
 
 def test_a_profile_whose_prefill_time_can_grow_with_reuse_is_scanned() -> None:
@@ -184,12 +247,12 @@ def test_the_shadows_take_small_engine_blocks_a_shadow_block_at_a_time(
     assert bank.stride == SHADOW_BLOCK_TOKENS // 16 == 32
     bank.follow([Composition.parse("1xCP4")])
     (s,) = bank.shadows.values()
-    assert (s.block_size, s.caches[0].capacity) == (512, 3200 // 32 * 4)
+    assert s.block_size == 512
     fine = tuple(range(1, 101))  # 100 blocks of 16 tokens: 1,600 tokens, three whole shadow blocks
     bank.serve(Request(0, 0.0, 1600, fine))
     bank.serve(Request(1, 10.0, 1600 + 16, (*fine, 999)))
     bank.serve(Request(2, 20.0, 20 * 16 + 8, (*fine[:20], 555)))  # 320 tokens shared: under one
-    assert len(s.caches[0]) == 3
+    assert len(s.cached(0)) == 3
     cold, warm, short = s.ttfts
     assert warm == pytest.approx(model.predict(4, 1616 - 3 * 512, 3 * 512))
     assert short == pytest.approx(model.predict(4, 20 * 16 + 8, 0))
@@ -222,6 +285,48 @@ def test_a_pool_larger_than_shadow_max_gpus_keeps_no_shadows(model: PrefillModel
     for cap, kept in ((40, True), (39, False)):
         c = shadowed(model, "6xCP4+2xCP8", PlannerSettings(shadow=True, shadow_max_gpus=cap))
         assert (c.shadows is not None) is kept  # 40 GPUs
+
+
+def test_a_large_pool_s_shadows_count_reuse_in_coarser_blocks_to_fit_their_memory(
+    model: PrefillModel,
+) -> None:
+    """Each shadow caches as many tokens as the pool: past ``shadow_memory_mib`` its
+    blocks double (and its caches hold as many tokens in half the blocks)."""
+    fits = shadow_mod.SHADOWS_PLANNED * shadow_mod.BLOCK_BYTES
+    assert shadow_mod.block_tokens(1000 * 512, fits * 1000) == SHADOW_BLOCK_TOKENS
+    assert shadow_mod.block_tokens(1001 * 512, fits * 1000) == 2 * SHADOW_BLOCK_TOKENS
+    assert shadow_mod.block_tokens(4000 * 512, fits * 1000) == 4 * SHADOW_BLOCK_TOKENS
+    for mib, stride in ((256, 1), (1, 4)):
+        ps = PlannerSettings(shadow=True, shadow_memory_mib=mib)
+        c = shadowed(model, "6xCP4+2xCP8", ps)  # 40 GPUs x 100 blocks: ~3.2 MB of shadows
+        assert c.shadows is not None and c.shadows.stride == stride
+        c.shadows.follow([Composition.parse("6xCP4+2xCP8")])
+        (s,) = c.shadows.shadows.values()
+        assert (s.block_size, len(s.cached(0))) == (BLOCK * stride, 0)
+    with pytest.raises(ValueError, match="shadow_memory_mib must be >= 1, got 0"):
+        PlannerSettings(shadow_memory_mib=0)
+
+
+def test_a_shadow_drops_its_records_once_a_quarter_are_past_the_horizon(
+    model: PrefillModel,
+) -> None:
+    """Dropping moves the records kept: at every comparison it would move a large
+    pool's whole horizon each window. The comparison reads the horizon only."""
+    b = bank(model, horizon_s=600.0, warmup_s=0.0)
+    small, big = Composition.parse("4xCP4"), Composition.parse("2xCP8")
+    b.follow([small, big])
+    n = 6000
+    arrivals = np.linspace(0.0, 600.0, n)
+    for comp in (small, big):
+        b.shadows[comp].arrivals.frombytes(arrivals.tobytes())
+        b.shadows[comp].ttfts.frombytes(np.linspace(0.1, 1.0, n).tobytes())
+    b.now_s = 700.0  # a sixth of the records out of the horizon: kept, not compared
+    (c,) = b.compare(small)
+    assert len(b.shadows[small].ttfts) == n and c.requests == np.sum(arrivals >= 100.0)
+    b.now_s = 760.0  # over a quarter: dropped
+    (c,) = b.compare(small)
+    assert len(b.shadows[small].ttfts) == len(b.shadows[big].ttfts) == c.requests
+    assert c.requests == np.sum(arrivals >= 160.0)
 
 
 def test_the_shadows_move_a_pool_started_on_the_wrong_shape(model: PrefillModel) -> None:

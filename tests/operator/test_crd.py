@@ -83,6 +83,7 @@ _CAMEL = {
     "whatifThreads": "whatif_threads",
     "whatifRows": "whatif_rows",
     "shadowMaxGpus": "shadow_max_gpus",
+    "shadowMemoryMiB": "shadow_memory_mib",
     "dampFlaps": "damp_flaps",
     "thetaInter": "theta_inter",
     "thetaIntra": "theta_intra",

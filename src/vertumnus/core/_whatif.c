@@ -496,8 +496,11 @@ least(const double *a, Py_ssize_t n)
  *
  * A strided sample brackets the k-th value; one branchless pass counts the
  * values below the bracket and copies those within it; a selection in that
- * copy finds both. Where the bracket misses (a sample unlike the whole), a
- * selection over a copy of every value does it. Either way the exact values. */
+ * copy finds both. Where the bracket misses (a sample unlike the whole, or more
+ * within it than its room), a selection over a copy of every value does it.
+ * Either way the exact values. The sample grows with the values (up to 8,192):
+ * a shadow pool's comparison reads the P90 of ~460,000 TTFTs per shadow at 1,024
+ * GPUs, where a narrower bracket leaves a tenth as many to select among. */
 static PyObject *
 order_pair(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -520,51 +523,61 @@ order_pair(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     const double *x = view.buf;
-    double *buf = PyMem_Malloc((size_t)n * sizeof(double));
-    if (buf == NULL) {
-        PyBuffer_Release(&view);
-        return PyErr_NoMemory();
-    }
     double first = 0.0, second = 0.0;
-    int found = 0;
+    int found = 0, failed = 0;
     Py_BEGIN_ALLOW_THREADS
-    Py_ssize_t m = n / 16 < 1024 ? n / 16 : 1024; /* the sample */
+    Py_ssize_t m = n / 16 < 8192 ? n / 16 : 8192; /* the sample */
     if (m >= 64) {
         Py_ssize_t stride = n / m;
-        for (Py_ssize_t i = 0; i < m; i++)
-            buf[i] = x[i * stride];
         /* The sample's ranks around k's, widened by ~3 standard deviations of
          * a sample rank (sqrt(m)/2 at most); rl < rh since r < m and g > 0. */
         Py_ssize_t r = (Py_ssize_t)((double)k * (double)m / (double)n);
         Py_ssize_t g = 2 + (Py_ssize_t)(1.5 * sqrt((double)m));
         Py_ssize_t rl = r - g < 0 ? 0 : r - g, rh = r + g + 1 >= m ? m - 1 : r + g + 1;
-        select_kth(buf, m, rh);
-        double high = buf[rh];
-        select_kth(buf, rh, rl);
-        double low = buf[rl];
-        Py_ssize_t below = 0, within = 0;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            double v = x[i];
-            below += v < low;
-            buf[within] = v;
-            within += (v >= low) & (v <= high);
-        }
-        if (below <= k && k + 1 < below + within) {
-            select_kth(buf, within, k - below);
-            first = buf[k - below];
-            second = least(buf + (k - below) + 1, within - (k - below) - 1);
-            found = 1;
+        /* The bracket holds about (rh - rl) / m of the values: room for twice that
+         * (more, and the selection over every value below does it). */
+        Py_ssize_t cap = (Py_ssize_t)(2.0 * (double)(rh - rl + 1) / (double)m * (double)n) + 64;
+        cap = cap < m ? m : cap > n ? n : cap;
+        double *buf = PyMem_RawMalloc((size_t)(cap + 1) * sizeof(double));
+        if (buf != NULL) {
+            for (Py_ssize_t i = 0; i < m; i++)
+                buf[i] = x[i * stride];
+            select_kth(buf, m, rh);
+            double high = buf[rh];
+            select_kth(buf, rh, rl);
+            double low = buf[rl];
+            Py_ssize_t below = 0, within = 0;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                double v = x[i];
+                below += v < low;
+                buf[within] = v;
+                within += (v >= low) & (v <= high) & (within < cap);
+            }
+            if (within < cap && below <= k && k + 1 < below + within) {
+                select_kth(buf, within, k - below);
+                first = buf[k - below];
+                second = least(buf + (k - below) + 1, within - (k - below) - 1);
+                found = 1;
+            }
+            PyMem_RawFree(buf);
         }
     }
     if (!found) {
-        memcpy(buf, x, (size_t)n * sizeof(double));
-        select_kth(buf, n, k);
-        first = buf[k];
-        second = least(buf + k + 1, n - k - 1);
+        double *buf = PyMem_RawMalloc((size_t)n * sizeof(double));
+        if (buf == NULL)
+            failed = 1;
+        else {
+            memcpy(buf, x, (size_t)n * sizeof(double));
+            select_kth(buf, n, k);
+            first = buf[k];
+            second = least(buf + k + 1, n - k - 1);
+            PyMem_RawFree(buf);
+        }
     }
     Py_END_ALLOW_THREADS
-    PyMem_Free(buf);
     PyBuffer_Release(&view);
+    if (failed)
+        return PyErr_NoMemory();
     return Py_BuildValue("(dd)", first, second);
 }
 

@@ -247,6 +247,10 @@ class Controller:
         """When the last move the shadows did not decide started: they compare since."""
         self._compared: tuple[shadow.Comparison, ...] = ()
         """The shadows' last comparisons (at the last boundary)."""
+        self._walked: (
+            tuple[planner.Layout, object, dict[str, list[list[planner.PathStep]]]] | None
+        ) = None
+        """The look's paths (:meth:`_along`), with the layout and workers they start from."""
         self._degrees: tuple[planner.Layout, dict[int, int]] | None = None
         if self.learner is not None and learned is not None:
             self.capacity = self.learner.profile()
@@ -294,8 +298,10 @@ class Controller:
             return  # the shells report it every hop
         if not ps.shadow or self.model is None or blocks_per_gpu < 1:
             return
-        if sum(s.degree for s in self.state.layout.slots) > ps.shadow_max_gpus:
+        gpus = sum(s.degree for s in self.state.layout.slots)
+        if gpus > ps.shadow_max_gpus:
             return
+        tokens = blocks_per_gpu * self.block_size * gpus
         self.shadows = shadow.ShadowBank(
             self.model,
             self.params,
@@ -303,6 +309,7 @@ class Controller:
             self.block_size,
             ps.shadow_horizon_s,
             ps.shadow_warmup_s,
+            shadow.block_tokens(tokens, ps.shadow_memory_mib * 2**20),
         )
 
     def shadow_serve(self, requests: Iterable[Request]) -> None:
@@ -493,6 +500,17 @@ class Controller:
             for c in compared
         )
 
+    def _along(
+        self, layout: planner.Layout, workers: Sequence[planner.WorkerObservation]
+    ) -> dict[str, list[list[planner.PathStep]]]:
+        """:func:`probes.along` both ways from ``layout``: walked once per look, for the
+        check and the shadows (a 704-worker pool's walks take ~9 ms)."""
+        walked = self._walked
+        if walked is None or walked[0] is not layout or walked[1] is not workers:
+            paths = {d: probes.along(layout, workers, d, self.settings) for d in DIRECTIONS}
+            walked = self._walked = (layout, workers, paths)
+        return walked[2]
+
     def _shadow_look(
         self,
         before: planner.ControllerState,
@@ -509,7 +527,7 @@ class Controller:
         current = layout.composition
         if before.pending or self._goal is not None or self.state.pending:
             return (), ()
-        paths = probes.ends(layout, obs.workers, ps)
+        paths = probes.ends(self._along(layout, obs.workers))
         self.shadows.follow({current, *paths["split"], *paths["merge"]})
         compared = self._compared = tuple(self.shadows.compare(current, self._anchor_s))
         if ops or self.shadows.now_s - self._moved_s < ps.shadow_min_s:
@@ -611,9 +629,7 @@ class Controller:
         counted on whole disjoint windows only."""
         ps = self.settings
         layout = before.layout
-        probed = probes.affordable(
-            {d: probes.along(layout, obs.workers, d, ps) for d in DIRECTIONS}, replays, since, ps
-        )
+        probed = probes.affordable(self._along(layout, obs.workers), replays, since, ps)
         recent, early = None, None
         if since is not None:
             first = {d: probes.start(since, found, ps) for d, found in probed.items()}

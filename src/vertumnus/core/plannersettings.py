@@ -288,16 +288,22 @@ class PlannerSettings:
     """The weighed gain a neighbour's shadow must show over the current one's
     (chosen on mooncake: 0.01, 0.005 and 0.0025 meet 6, 7 and 6 of its cells
     at ``shadow_min_s`` 300)."""
-    shadow_max_gpus: int = 64
-    """Shadows only for a pool of at most this many GPUs. Their upkeep grows with
-    the pool. CPU: every request is placed once per shadow (50–90 µs in Python),
-    and a comparison pools the horizon's requests; at 1,024 GPUs and 0.75
-    requests/s per GPU the seven shadows the controller follows take a third of a
-    core or more, and a comparison ~10 ms on top of the look
-    (``bench/shadow_speed.py``).
-    Memory: each shadow caches as many tokens as the pool, ~450 bytes per
-    512-token block (:data:`vertumnus.core.shadow.SHADOW_BLOCK_TOKENS`): seven
-    shadows of 64 GPUs that cache 512K tokens each take ~200 MB."""
+    shadow_max_gpus: int = 1024
+    """Shadows only for a pool of at most this many GPUs: their upkeep grows with the
+    pool. Every request is placed once per shadow (~3–10 µs compiled, 30–85 µs in
+    the Python twin), and a comparison pools the horizon's requests: at 1,024 GPUs
+    and 0.75 requests/s per GPU the seven shadows the controller follows take ~4 %
+    of a core, and their comparison adds ~10 ms to a steady look
+    (``bench/shadow_speed.py``, ``bench/decision_tick.py --shadows``;
+    docs/benchmarks/adaptive.md, "Compiled shadows"). Was 64 while the shadows were
+    Python only."""
+    shadow_memory_mib: int = 256
+    """The shadows' caches take about at most this much memory: each shadow caches
+    as many tokens as the pool, ~100 bytes per block of
+    :data:`vertumnus.core.shadow.SHADOW_BLOCK_TOKENS` tokens (~450 in the Python
+    twin), and a pool whose shadows would take more counts its reuse in blocks of
+    twice, four times, … as many tokens (:func:`vertumnus.core.shadow.block_tokens`).
+    With 512K tokens cached per GPU, pools of up to ~300 GPUs keep 512-token blocks."""
     learn_capacity: bool = False
     """κ that follows the workload (:mod:`vertumnus.core.kappa`): the rules read
     the shipped κ corrected online from the workers' own hops (demand against
@@ -369,6 +375,8 @@ class PlannerSettings:
             )
         if self.shadow_max_gpus < 0:
             raise ValueError(f"shadow_max_gpus must be >= 0, got {self.shadow_max_gpus}")
+        if self.shadow_memory_mib < 1:
+            raise ValueError(f"shadow_memory_mib must be >= 1, got {self.shadow_memory_mib}")
         if self.shadow_warmup_s < 0 or not 0 <= self.shadow_margin < 1:
             raise ValueError(
                 f"shadow_warmup_s must be >= 0 and shadow_margin in [0, 1), got "

@@ -128,16 +128,11 @@ def along(
 
 
 def ends(
-    layout: planner.Layout,
-    workers: Sequence[planner.WorkerObservation],
-    settings: PlannerSettings,
+    found: Mapping[str, list[list[planner.PathStep]]],
 ) -> dict[str, dict[Composition, list[planner.PathStep]]]:
-    """Per direction, each composition :func:`along` probes, with the steps there (the
-    neighbours the shadow pools follow)."""
-    return {
-        d: {steps[-1].composition: steps for steps in along(layout, workers, d, settings)}
-        for d in DIRECTIONS
-    }
+    """Per direction, each composition :func:`along` probes (``found``: its probes
+    per direction), with the steps there (the neighbours the shadow pools follow)."""
+    return {d: {steps[-1].composition: steps for steps in found[d]} for d in DIRECTIONS}
 
 
 def start(

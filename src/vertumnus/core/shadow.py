@@ -22,10 +22,13 @@ serves, not on one window's noise.
 
 Cost: each request is placed once per shadow, as it comes, rather than each
 window replayed at every look; a placement costs a few candidate workers, not
-every worker (:class:`Shadow`), and a comparison a selection over the
-horizon's TTFTs. ``bench/shadow_speed.py`` measures both; the controller keeps
-no shadows for a pool over ``PlannerSettings.shadow_max_gpus``. Pure: no
-clock, no I/O.
+every worker (:class:`Shadow`), in a compiled twin (``_shadow.c``, the same
+placements to the bit) where the build has one, and a comparison a selection
+over the horizon's TTFTs. Memory: each shadow caches as many tokens as the pool;
+a large pool's shadows count reuse in coarser blocks to stay within
+``PlannerSettings.shadow_memory_mib`` (:func:`block_tokens`).
+``bench/shadow_speed.py`` measures all three; the controller keeps no shadows
+for a pool over ``PlannerSettings.shadow_max_gpus``. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -45,7 +48,18 @@ from vertumnus.core.placement import PlacementParams
 from vertumnus.core.types import Composition, Request, cached_tokens
 from vertumnus.core.whatif import WaitingWorkers
 
-__all__ = ["SHADOW_BLOCK_TOKENS", "Comparison", "Shadow", "ShadowBank", "monotone"]
+__all__ = ["HOT_PATH", "SHADOW_BLOCK_TOKENS", "Comparison", "Shadow", "ShadowBank", "monotone"]
+
+# The shadows' placement: the compiled twin of Shadow's search (_shadow.c, the same
+# placements) where the build produced it, else the Python one. HOT_PATH names it.
+HOT_PATH: str
+_Core: type[_shadow.Core] | None
+try:
+    from vertumnus.core import _shadow
+except ImportError:  # built without a C compiler
+    _Core, HOT_PATH = None, "python"
+else:
+    _Core, HOT_PATH = _shadow.Core, "c"
 
 
 class Shadow:
@@ -64,8 +78,8 @@ class Shadow:
 
     __slots__ = (
         "arrivals", "block_size", "caches", "composition", "degrees", "free", "lam", "model",
-        "params", "scan", "started_s", "ttfts", "_group", "_groups", "_heaps", "_holders",
-        "_max_tokens", "_waiting",
+        "params", "scan", "started_s", "ttfts", "_core", "_group", "_groups", "_heaps",
+        "_holders", "_max_tokens", "_waiting",
     )  # fmt: skip
 
     def __init__(
@@ -77,9 +91,12 @@ class Shadow:
         block_size: int,
         started_s: float,
         scan: bool = False,
+        compiled: bool | None = None,
     ) -> None:
         """``scan``: place by costing every worker, the reference the search is held to
-        (the search needs a monotone profile; without one the shadow scans anyway)."""
+        (the search needs a monotone profile; without one the shadow scans anyway).
+        ``compiled``: search with the compiled twin (:data:`HOT_PATH`; None: where the
+        build produced it), the same placements in C."""
         self.composition = composition
         self.model = model
         self.params = params
@@ -109,29 +126,59 @@ class Shadow:
         self._holders: dict[int, set[int]] = {}
         """Block key → the workers whose cache holds it."""
         self.scan = scan or not all(monotone(model, d) for d, _ in self._groups)
+        if compiled and _Core is None:
+            raise ValueError("the compiled shadow was not built (no C compiler)")
+        self._core = None
+        """The compiled twin, which then keeps the queues and caches (not the fields above)."""
+        if (compiled or (compiled is None and _Core is not None)) and not self.scan:
+            assert _Core is not None
+            self._core = _Core(
+                self.degrees,
+                self.lam,
+                [model.d[d] for d in self.degrees],
+                [model.a[d] for d in self.degrees],
+                self._max_tokens,
+                [c.capacity for c in self.caches],
+                model.b,
+                model.c,
+                model.alpha,
+                params.beta,
+                params.beta_busy - params.beta,
+                block_size,
+                started_s,
+            )
+            self.caches = []
+            self._heaps = []
         self.started_s = started_s
         """When it started serving, cold: its first minutes are not yet the composition's."""
         self.arrivals = array("d")
         self.ttfts = array("d")
         """Per request served, in arrival order: its arrival and its TTFT (no T_ext)."""
 
-    def serve(self, request: Request) -> None:
-        """Place ``request`` as the pool's cost model would, and record its TTFT."""
+    def serve(self, request: Request, keys: array | None = None) -> None:
+        """Place ``request`` as the pool's cost model would, and record its TTFT.
+        ``keys``: its block keys as ``array('Q')``, when the caller has them so."""
         a = request.arrival_s
+        if self._core is not None:
+            packed = array("Q", request.block_keys) if keys is None else keys
+            ttft = self._core.serve(a, request.length, packed)
+            if ttft is not None:
+                self.arrivals.append(a)
+                self.ttfts.append(ttft)
+            return
         p = self.params
         beta = self._waiting.beta(a, p.beta, p.beta_busy - p.beta)
         pick = self._scan_all(request, beta) if self.scan else self._search(request, beta)
         if pick is None:
             return  # no worker of this composition can hold it: it is refused, not served
         w, start, e, m = pick
-        keys = request.block_keys
         self.free[w] = start + e
         heapq.heappush(self._heaps[self._group[w]], (start + e, w))
         self._waiting.placed(w, start, a)
         cache = self.caches[w]
         if m:
-            cache.touch(keys, m)
-        delta = cache.insert(keys)
+            cache.touch(request.block_keys, m)
+        delta = cache.insert(request.block_keys)
         holders = self._holders
         for k, _, _ in delta.stored:
             holders.setdefault(k, set()).add(w)
@@ -238,10 +285,26 @@ class Shadow:
                     best, pick = key, (w, start, e, level)
         return pick
 
+    def free_times(self) -> list[float]:
+        """When each worker (degrees ascending) is next free."""
+        return self._core.free_times() if self._core is not None else list(self.free)
+
+    def cached(self, worker: int) -> list[int]:
+        """The block keys ``worker`` caches, least recently used first."""
+        if self._core is not None:
+            return self._core.cached(worker)
+        return self.caches[worker].keys_lru_first()
+
+    def nbytes(self) -> int | None:
+        """Bytes the compiled twin holds (None for the Python one)."""
+        return None if self._core is None else self._core.nbytes()
+
     def forget_before(self, t: float) -> None:
-        """Drop the records of requests that arrived before ``t``."""
+        """Drop the records of requests that arrived before ``t``, once they are a
+        quarter of them: each drop moves the rest, so dropping at every comparison
+        would move a 1,024-GPU pool's horizon (~460,000 records) every window."""
         i = bisect.bisect_left(self.arrivals, t)
-        if i:
+        if i and 4 * i >= len(self.arrivals):
             del self.arrivals[:i]
             del self.ttfts[:i]
 
@@ -287,6 +350,27 @@ less memory (each cached block ~450 bytes per shadow), for reuse counted to the
 coarse block: a prefix shorter than one is not reused there."""
 
 
+BLOCK_BYTES = 100 if HOT_PATH == "c" else 450
+"""What a shadow's caches take per block they hold, in bytes (a filled shadow's
+allocations, ``bench/shadow_speed.py``: ~100 compiled, ~450 in Python)."""
+
+SHADOWS_PLANNED = 8
+"""The shadows a memory budget is planned for: the current composition and the
+probes along its paths (6–7 with the default settings)."""
+
+
+def block_tokens(pool_cache_tokens: int, budget_bytes: int) -> int:
+    """The shadows' block, in tokens: :data:`SHADOW_BLOCK_TOKENS`, doubled while
+    :data:`SHADOWS_PLANNED` shadows of a pool caching ``pool_cache_tokens`` would take
+    more than ``budget_bytes`` (``PlannerSettings.shadow_memory_mib``). A coarser block
+    counts reuse to it: a prefix shorter than one is not reused in the shadows, a
+    longer one up to its last whole block."""
+    tokens = SHADOW_BLOCK_TOKENS
+    while pool_cache_tokens // tokens * SHADOWS_PLANNED * BLOCK_BYTES > budget_bytes:
+        tokens *= 2
+    return tokens
+
+
 class ShadowBank:
     """The shadows of the compositions the controller follows (module docstring)."""
 
@@ -298,13 +382,16 @@ class ShadowBank:
         block_size: int,
         horizon_s: float,
         warmup_s: float,
+        shadow_block_tokens: int = SHADOW_BLOCK_TOKENS,
     ) -> None:
+        """``shadow_block_tokens``: the shadows' block (:func:`block_tokens`), a multiple
+        of ``block_size`` tokens or less than one (then the pool's own)."""
         self.model = model
         self.params = params
         self.cache_blocks_per_gpu = cache_blocks_per_gpu
         """The workers' cache size, in the pool's blocks of ``block_size`` tokens."""
-        self.stride = max(1, SHADOW_BLOCK_TOKENS // block_size)
-        """The pool's blocks per shadow block (:data:`SHADOW_BLOCK_TOKENS`)."""
+        self.stride = max(1, shadow_block_tokens // block_size)
+        """The pool's blocks per shadow block (:data:`SHADOW_BLOCK_TOKENS` by default)."""
         self.block_size = block_size
         self.horizon_s = horizon_s
         self.warmup_s = warmup_s
@@ -336,8 +423,9 @@ class ShadowBank:
         k = self.stride
         if k > 1:
             request = replace(request, block_keys=request.block_keys[k - 1 :: k])
+        keys = array("Q", request.block_keys) if _Core is not None else None
         for s in self.shadows.values():
-            s.serve(request)
+            s.serve(request, keys)
 
     def compare(self, current: Composition, since_s: float = -np.inf) -> list[Comparison]:
         """Every other shadow against ``current``'s, pooled over the requests both
