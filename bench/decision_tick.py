@@ -92,7 +92,6 @@ def _filled_shadows(
     requests (600 s at 0.75 per second per GPU; their clock is theirs: the look
     compares what they served over the horizon up to their latest arrival)."""
     from vertumnus.core import probes  # only in checkouts with shadows
-    from vertumnus.core.memory import DIRECTIONS
 
     horizon = settings.shadow_horizon_s
     config = SyntheticConfig(duration_s=horizon, mean_rate=0.75 * gpus, peak_to_trough=1.0)
@@ -105,7 +104,7 @@ def _filled_shadows(
     if bank is None:
         raise SystemExit(f"--shadows: a {gpus}-GPU pool keeps none (shadow_max_gpus)")
     workers = [planner.WorkerObservation(s.worker, 0.0, 0.0) for s in layout.slots]
-    paths = probes.ends({d: probes.along(layout, workers, d, settings) for d in DIRECTIONS})
+    paths = probes.ends(probes.walk(layout, workers, settings))
     bank.follow([layout.composition, *paths["split"], *paths["merge"]])
     for r in sorted(trace.requests, key=lambda q: q.arrival_s):
         bank.serve(r)

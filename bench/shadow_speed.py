@@ -40,7 +40,6 @@ from array import array
 import numpy as np
 
 from vertumnus.core import planner, probes
-from vertumnus.core.memory import DIRECTIONS
 from vertumnus.core.placement import PlacementParams
 from vertumnus.core.shadow import HOT_PATH, SHADOW_BLOCK_TOKENS, Shadow, ShadowBank
 from vertumnus.core.types import Composition
@@ -96,7 +95,7 @@ def followed(comp: str, degrees: tuple[int, ...]) -> list[Composition]:
     settings = planner.PlannerSettings(degrees=degrees)
     layout = planner.layout_for(Composition.parse(comp))
     workers = [planner.WorkerObservation(s.worker, 0.0, 0.0) for s in layout.slots]
-    paths = probes.ends({d: probes.along(layout, workers, d, settings) for d in DIRECTIONS})
+    paths = probes.ends(probes.walk(layout, workers, settings))
     return [layout.composition, *paths["split"], *paths["merge"]]
 
 

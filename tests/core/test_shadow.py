@@ -291,7 +291,7 @@ def test_a_large_pool_s_shadows_count_reuse_in_coarser_blocks_to_fit_their_memor
     model: PrefillModel,
 ) -> None:
     """Each shadow caches as many tokens as the pool: past ``shadow_memory_mib`` its
-    blocks double (and its caches hold as many tokens in half the blocks)."""
+    blocks double until they fit (each counting that many more tokens)."""
     fits = shadow_mod.SHADOWS_PLANNED * shadow_mod.BLOCK_BYTES
     assert shadow_mod.block_tokens(1000 * 512, fits * 1000) == SHADOW_BLOCK_TOKENS
     assert shadow_mod.block_tokens(1001 * 512, fits * 1000) == 2 * SHADOW_BLOCK_TOKENS

@@ -503,12 +503,11 @@ class Controller:
     def _along(
         self, layout: planner.Layout, workers: Sequence[planner.WorkerObservation]
     ) -> dict[str, list[list[planner.PathStep]]]:
-        """:func:`probes.along` both ways from ``layout``: walked once per look, for the
-        check and the shadows (a 704-worker pool's walks take ~9 ms)."""
+        """:func:`probes.walk` from ``layout``: walked once per look, for the check and
+        the shadows (a 704-worker pool's walks take ~9 ms)."""
         walked = self._walked
         if walked is None or walked[0] is not layout or walked[1] is not workers:
-            paths = {d: probes.along(layout, workers, d, self.settings) for d in DIRECTIONS}
-            walked = self._walked = (layout, workers, paths)
+            walked = self._walked = (layout, workers, probes.walk(layout, workers, self.settings))
         return walked[2]
 
     def _shadow_look(

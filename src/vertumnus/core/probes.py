@@ -127,11 +127,21 @@ def along(
     return [path[:k] for k in ks]
 
 
+def walk(
+    layout: planner.Layout,
+    workers: Sequence[planner.WorkerObservation],
+    settings: PlannerSettings,
+) -> dict[str, list[list[planner.PathStep]]]:
+    """:func:`along` both ways: per direction, the steps to each composition probed."""
+    return {d: along(layout, workers, d, settings) for d in DIRECTIONS}
+
+
 def ends(
     found: Mapping[str, list[list[planner.PathStep]]],
 ) -> dict[str, dict[Composition, list[planner.PathStep]]]:
-    """Per direction, each composition :func:`along` probes (``found``: its probes
-    per direction), with the steps there (the neighbours the shadow pools follow)."""
+    """Per direction, each composition :func:`along` probes (``found``: as
+    :func:`walk` gives them), with the steps there (the neighbours the shadow pools
+    follow)."""
     return {d: {steps[-1].composition: steps for steps in found[d]} for d in DIRECTIONS}
 
 
