@@ -99,12 +99,14 @@ setup(
         Extension(
             "vertumnus.core._whatif",
             ["src/vertumnus/core/_whatif.c"],
+            depends=["src/vertumnus/core/_minheap.h"],
             extra_compile_args=_FP_STRICT,
             optional=True,
         ),
         Extension(
             "vertumnus.core._shadow",
             ["src/vertumnus/core/_shadow.c"],
+            depends=["src/vertumnus/core/_minheap.h"],
             extra_compile_args=_FP_STRICT,
             optional=True,
         ),

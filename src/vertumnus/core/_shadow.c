@@ -16,8 +16,9 @@
  * here: a composition whose profile is not is scanned, in Python.
  *
  * How it keeps its state:
- *   - per degree a lazy min-heap of (free time, worker); a stale top (the worker's
- *     free time moved on) is dropped when it comes up, as heapq's twin does;
+ *   - per degree a lazy min-heap of (free time, worker) (_minheap.h, shared with
+ *     _whatif.c); a stale top (the worker's free time moved on) is dropped when it
+ *     comes up, as heapq's twin does;
  *   - the workers with a request waiting: a heap of (start, worker), a flag each;
  *   - the caches: one node per (worker, cached block) in a pool of nodes, each on
  *     its worker's LRU list (least recent at the head) and on its block's list of
@@ -33,66 +34,17 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef struct {
-    double t;
-    int32_t w;
-} Entry;
+#include "_minheap.h"
 
-typedef struct {
-    Entry *a;
-    int32_t n, cap;
-} Heap;
-
+/* heap_push with the GIL held: a Python MemoryError when it cannot grow. */
 static int
-less(const Entry *x, const Entry *y)
+push(Heap *h, double t, int32_t w)
 {
-    return x->t < y->t || (x->t == y->t && x->w < y->w);
-}
-
-static int
-heap_push(Heap *h, double t, int32_t w)
-{
-    if (h->n == h->cap) {
-        int32_t cap = h->cap ? 2 * h->cap : 16;
-        Entry *a = PyMem_Realloc(h->a, (size_t)cap * sizeof(Entry));
-        if (a == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        h->a = a;
-        h->cap = cap;
+    if (heap_push(h, t, w) < 0) {
+        PyErr_NoMemory();
+        return -1;
     }
-    int32_t i = h->n++;
-    Entry e = {t, w};
-    while (i > 0) {
-        int32_t p = (i - 1) / 2;
-        if (!less(&e, &h->a[p]))
-            break;
-        h->a[i] = h->a[p];
-        i = p;
-    }
-    h->a[i] = e;
     return 0;
-}
-
-static void
-heap_pop(Heap *h)
-{
-    Entry last = h->a[--h->n];
-    int32_t i = 0;
-    for (;;) {
-        int32_t c = 2 * i + 1;
-        if (c >= h->n)
-            break;
-        if (c + 1 < h->n && less(&h->a[c + 1], &h->a[c]))
-            c++;
-        if (!less(&h->a[c], &last))
-            break;
-        h->a[i] = h->a[c];
-        i = c;
-    }
-    if (h->n > 0)
-        h->a[i] = last;
 }
 
 static uint64_t
@@ -156,6 +108,15 @@ typedef struct {
     Entry *soonest_new;
 } Core;
 
+/* Deleting slot i of a linearly probed table: the entry at j, whose home is k,
+ * stays where it is when k lies cyclically in (i, j] (moving it to i would put it
+ * before its home); else it moves back to i. */
+static int
+stays(uint32_t i, uint32_t j, uint32_t k)
+{
+    return i <= j ? (i < k && k <= j) : (i < k || k <= j);
+}
+
 static uint32_t
 node_hash(uint64_t key, int32_t worker)
 {
@@ -212,10 +173,7 @@ slots_delete(Core *s, uint32_t i)
         int32_t nd = s->slots[j];
         if (nd < 0)
             break;
-        uint32_t k = node_hash(s->nodes[nd].key, s->nodes[nd].worker) & mask;
-        /* An entry whose home is cyclically in (i, j] stays: moving it to i would
-         * put it before its home. */
-        if (i <= j ? (i < k && k <= j) : (i < k || k <= j))
+        if (stays(i, j, node_hash(s->nodes[nd].key, s->nodes[nd].worker) & mask))
             continue;
         s->slots[i] = nd;
         i = j;
@@ -266,8 +224,7 @@ held_delete(Core *s, uint32_t i)
         j = (j + 1) & mask;
         if (s->held[j].count == 0)
             break;
-        uint32_t k = (uint32_t)mix64(s->held[j].key) & mask;
-        if (i <= j ? (i < k && k <= j) : (i < k || k <= j))
+        if (stays(i, j, (uint32_t)mix64(s->held[j].key) & mask))
             continue;
         s->held[i] = s->held[j];
         i = j;
@@ -496,7 +453,7 @@ search(Core *s, double arrival, int64_t length, double beta, const uint64_t *key
         while (h->a[0].t != s->free[h->a[0].w])
             heap_pop(h);
         double f = h->a[0].t;
-        int32_t w = h->a[0].w;
+        int32_t w = (int32_t)h->a[0].w;
         int64_t m = match(s, w, keys, nk);
         soonest[n_soonest++] = (Soonest){g, f > arrival ? f - arrival : 0.0, m};
         Pick p = cost(s, arrival, length, beta, w, m);
@@ -550,7 +507,7 @@ search(Core *s, double arrival, int64_t length, double beta, const uint64_t *key
         for (int32_t g = 0; g < s->groups; g++) {
             if (s->soonest_new[g].w < 0)
                 continue;
-            Pick p = cost(s, arrival, length, beta, s->soonest_new[g].w, level);
+            Pick p = cost(s, arrival, length, beta, (int32_t)s->soonest_new[g].w, level);
             if (pick_less(&p, best))
                 *best = p;
         }
@@ -613,7 +570,7 @@ core_serve(Core *s, PyObject *const *args, Py_ssize_t nargs)
     int32_t w = best.w;
     double done = best.start + best.e;
     s->free[w] = done;
-    int err = heap_push(&s->heaps[s->group[w]], done, w) < 0;
+    int err = push(&s->heaps[s->group[w]], done, w) < 0;
     /* whatif.WaitingWorkers.placed */
     s->last_start[w] = best.start;
     if (!err && best.start > arrival) {
@@ -621,7 +578,7 @@ core_serve(Core *s, PyObject *const *args, Py_ssize_t nargs)
             s->waiting[w] = 1;
             s->n_waiting++;
         }
-        err = heap_push(pending, best.start, w) < 0;
+        err = push(pending, best.start, w) < 0;
     }
     if (!err)
         err = insert(s, w, keys, nk) < 0;
@@ -715,11 +672,11 @@ core_dealloc(Core *s)
     PyMem_Free(s->free);
     if (s->heaps != NULL)
         for (int32_t g = 0; g < s->groups; g++)
-            PyMem_Free(s->heaps[g].a);
+            PyMem_RawFree(s->heaps[g].a); /* _minheap.h grows them raw */
     PyMem_Free(s->heaps);
     PyMem_Free(s->last_start);
     PyMem_Free(s->waiting);
-    PyMem_Free(s->pending.a);
+    PyMem_RawFree(s->pending.a);
     PyMem_Free(s->lru_head);
     PyMem_Free(s->lru_tail);
     PyMem_Free(s->nodes);
@@ -864,7 +821,7 @@ core_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         goto fail;
     }
     for (Py_ssize_t w = 0; w < n; w++)
-        if (heap_push(&s->heaps[s->group[w]], started, (int32_t)w) < 0)
+        if (push(&s->heaps[s->group[w]], started, (int32_t)w) < 0)
             goto fail;
     PyMem_Free(deg64);
     return (PyObject *)s;
