@@ -59,6 +59,15 @@ composition over the copies (the noise floor).
 
 (``--fixed-from`` a file with fewer copies runs the fixed pools of the copies it lacks.)
 
+``--gpus N`` runs every cell on an N-GPU pool at the same load per GPU (its
+rates scale with N); a large pool's lattice has dozens of compositions, and
+``--lattice-step K`` runs every K-th of them (and the last) fixed. The best of
+those is then no better than the lattice's best: a ratio to it flatters adaptive,
+which may end anywhere on the lattice. At 256 GPUs a cell's copy takes ~5 min
+with ``--lattice-step 4`` (9 fixed pools of 33)::
+
+    python bench/families.py --gpus 256 --lattice-step 4 --draws 0 --out /tmp/f256.json
+
 Writes ``docs/benchmarks/adaptive_families.json`` (``--out``) and prints the
 table. Simulated TTFTs are deterministic; only the wall times vary.
 """
@@ -81,6 +90,7 @@ from vertumnus.core import planner
 from vertumnus.core.metrics import Completion, summarize
 from vertumnus.core.policies.vertumnus import CostModelPolicy
 from vertumnus.core.start import history_requests
+from vertumnus.core.types import Composition
 from vertumnus.profiles import load_model
 from vertumnus.sim.engine import PoolConfig, Simulation
 from vertumnus.sim.phases import apply_phases
@@ -121,18 +131,21 @@ FAMILIES: dict[str, tuple[str, Callable[[], Trace]]] = {
 }
 
 
-def offered_load(trace: Trace) -> float:
-    """GPU-seconds of isolated CP4 prefill per GPU-second of the pool (module docstring)."""
+def offered_load(trace: Trace, gpus: int = GPUS) -> float:
+    """GPU-seconds of isolated CP4 prefill per GPU-second of a ``gpus``-GPU pool (module
+    docstring)."""
     model = load_model()
     work = sum(
         4 * model.predict(4, h.length - h.cached_tokens, h.cached_tokens)
         for h in history_requests(trace.requests, trace.block_size)
     )
-    return work / (max(trace.duration_s, 1e-9) * GPUS)
+    return work / (max(trace.duration_s, 1e-9) * gpus)
 
 
-def workload(family: str, load: str, draw: int | None = None) -> tuple[Trace, float]:
-    """The family's source resampled at ``load``, and the rate scale.
+def workload(
+    family: str, load: str, draw: int | None = None, gpus: int = GPUS
+) -> tuple[Trace, float]:
+    """The family's source resampled at ``load`` on ``gpus`` GPUs, and the rate scale.
 
     ``apply_phases`` with one phase cycles the source where the rate needs
     more of it than it holds (each cycle's prefixes are its own), so every
@@ -147,7 +160,7 @@ def workload(family: str, load: str, draw: int | None = None) -> tuple[Trace, fl
     to the resampling's few percent.
     """
     source = FAMILIES[family][1]()
-    scale = LOADS[load] / offered_load(source)
+    scale = LOADS[load] / offered_load(source, gpus)
     if draw is None:
         trace, _ = apply_phases(source, f"{DURATION_S:g}s:rate={scale:.6g}", seed=0)
         return trace, scale
@@ -165,14 +178,18 @@ def scored(completions: Sequence[Completion], draw: int | None) -> list[Completi
 
 
 def adaptive_options(
-    trace: Trace, control: planner.PlannerSettings, rebalance: bool = True, draw: int | None = None
+    trace: Trace,
+    control: planner.PlannerSettings,
+    rebalance: bool = True,
+    draw: int | None = None,
+    gpus: int = GPUS,
 ) -> AdaptiveOptions:
     """The adaptive pool of a cell. History: a draw's warm-up, which is not scored;
     in the stored table the first quarter of the run (at most 600 s), so that the
     initial composition never sees the workload it is judged on whole."""
     history_s = min(600.0, trace.duration_s / 4) if draw is None else WARMUP_S
     return AdaptiveOptions(
-        gpus=GPUS,
+        gpus=gpus,
         control=control,
         history_s=history_s,
         executor=ExecutorSettings(rebalance=rebalance),
@@ -222,16 +239,19 @@ def run_replica(
     draw: int | None,
     r: int,
     with_fixed: bool = True,
+    gpus: int = GPUS,
+    lattice_step: int = 1,
 ) -> dict[str, Any]:
-    """Adaptive and (``with_fixed``) every fixed lattice composition on copy ``r`` of
-    one (family, load[, draw])."""
-    trace, scale = workload(family, load, draw)
+    """Adaptive and (``with_fixed``) the fixed lattice compositions on copy ``r`` of one
+    (family, load[, draw]) on ``gpus`` GPUs: every one, or (``lattice_step``) every
+    that-many-th of them in the lattice's order, and its last."""
+    trace, scale = workload(family, load, draw, gpus)
     trace = replica(trace, r)
     model = load_model()
     control = parse_planner_settings(planner_text)
     runs: dict[str, Any] = {}
     t0 = time.perf_counter()
-    options = adaptive_options(trace, control, rebalance, draw)
+    options = adaptive_options(trace, control, rebalance, draw, gpus)
     sim = build_adaptive(trace, model, options)
     res = sim.run(trace.requests)
     s = summarize(scored(res.completions, draw))
@@ -246,7 +266,7 @@ def run_replica(
         **decision_ms(ctl.decision_cost_s, ctl.own_decision_cost_s()),
         "wall_s": time.perf_counter() - t0,
     }
-    lattice = planner.enumerate_lattice(GPUS, control.degrees, control.domain_size)
+    lattice = fixed_compositions(gpus, control, lattice_step)
     for comp in lattice if with_fixed else ():
         t0 = time.perf_counter()
         fixed = Simulation(PoolConfig(comp, model, block_size=trace.block_size), CostModelPolicy())
@@ -272,6 +292,16 @@ def run_replica(
         "duration_s": trace.duration_s,
         "runs": runs,
     }
+
+
+def fixed_compositions(
+    gpus: int, control: planner.PlannerSettings, step: int = 1
+) -> list[Composition]:
+    """The lattice's compositions a cell runs fixed: every ``step``-th in the lattice's
+    order, and its last (a large pool's lattice has dozens; its neighbours differ by
+    one operation, a sliver of the pool)."""
+    lattice = list(planner.enumerate_lattice(gpus, control.degrees, control.domain_size))
+    return [c for i, c in enumerate(lattice) if i % step == 0 or i == len(lattice) - 1]
 
 
 def _ratios(runs: dict[str, Any]) -> tuple[str, str, float, float]:
@@ -381,7 +411,7 @@ def combine(copies: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return cell
 
 
-def _copy(args: tuple[str, str, str, bool, int | None, int, bool]) -> dict[str, Any]:
+def _copy(args: tuple[str, str, str, bool, int | None, int, bool, int, int]) -> dict[str, Any]:
     return run_replica(*args)
 
 
@@ -418,14 +448,19 @@ def _draws(text: str) -> list[int]:
     return draws
 
 
-def _replicas(text: str) -> int:
-    try:
-        k = int(text)
-    except ValueError:
-        k = 0
-    if k < 1:
-        raise argparse.ArgumentTypeError(f"--replicas wants an integer >= 1, got {text!r}")
-    return k
+def _positive(flag: str) -> Callable[[str], int]:
+    """An argparse type for ``flag``: an integer >= 1, anything else refused by name."""
+
+    def parse(text: str) -> int:
+        try:
+            k = int(text)
+        except ValueError:
+            k = 0
+        if k < 1:
+            raise argparse.ArgumentTypeError(f"{flag} wants an integer >= 1, got {text!r}")
+        return k
+
+    return parse
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -448,7 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument(
         "--replicas",
-        type=_replicas,
+        type=_positive("--replicas"),
         default=1,
         help=f"serve every pool on this many copies of each cell's stream (copy r > 0: "
         f"arrivals moved by up to {JITTER_S * 1e3:g} ms) and judge it on their mean "
@@ -460,6 +495,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run adaptive only and take the fixed compositions' runs from this earlier "
         "output (same draws, at most as many replicas: copies it lacks run their fixed "
         "pools too; for trying controller settings in a third of the time)",
+    )
+    ap.add_argument(
+        "--gpus",
+        type=_positive("--gpus"),
+        default=GPUS,
+        help=f"the pool's GPUs (default {GPUS}); the loads are per GPU, so the rates scale",
+    )
+    ap.add_argument(
+        "--lattice-step",
+        type=_positive("--lattice-step"),
+        default=1,
+        metavar="K",
+        help="run every K-th fixed composition of the lattice and its last (default 1: "
+        "all; a 256-GPU CP4/CP8 lattice has 33)",
     )
     ap.add_argument("--jobs", type=int, default=2, help="simulations in parallel (default 2)")
     ap.add_argument("--out", default=str(OUT))
@@ -474,23 +523,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             (drawn is None) != (args.draws is None)
             or not set(args.draws or ()) <= set(drawn or ())
             or stored_replicas > args.replicas
+            or earlier.get("gpus", GPUS) != args.gpus
         ):
             ap.error(
-                f"--fixed-from {args.fixed_from}: draws {earlier.get('draws')} and "
-                f"{stored_replicas} replicas, this run {args.draws} and {args.replicas}"
+                f"--fixed-from {args.fixed_from}: draws {earlier.get('draws')}, "
+                f"{stored_replicas} replicas and {earlier.get('gpus', GPUS)} GPUs, this run "
+                f"{args.draws}, {args.replicas} and {args.gpus}"
             )
         stored = {(c["family"], c["load"], c["draw"]): c for c in earlier["cells"]}
     else:
         stored_replicas = 0
     # Copies the stored file has reuse its fixed runs; copies past them run their own.
     todo = [
-        (f, ld, args.planner, not args.no_rebalance, d, r, r >= stored_replicas)
+        (
+            f,
+            ld,
+            args.planner,
+            not args.no_rebalance,
+            d,
+            r,
+            r >= stored_replicas,
+            args.gpus,
+            args.lattice_step,
+        )  # fmt: skip
         for f in (args.family or FAMILIES)
         for ld in (args.load or LOADS)
         for d in (args.draws or [None])
         for r in range(args.replicas)
     ]
-    cells_needed = dict.fromkeys((f, ld, d) for f, ld, _, _, d, _, _ in todo)
+    cells_needed = dict.fromkeys((f, ld, d) for f, ld, _, _, d, *_ in todo)
     missing = [k for k in cells_needed if args.fixed_from and k not in stored]
     if missing:
         ap.error(f"--fixed-from {args.fixed_from}: no cell {missing[0]} (family, load, draw)")
@@ -521,7 +582,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = {
         "date": time.strftime("%Y-%m-%d"),
         "command": " ".join(["python bench/families.py", *(argv or sys.argv[1:])]),
-        "gpus": GPUS,
+        "gpus": args.gpus,
+        "lattice_step": args.lattice_step,
         "loads": LOADS,
         "planner": args.planner or "defaults",
         "fixed_from": args.fixed_from,

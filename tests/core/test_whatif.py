@@ -11,6 +11,7 @@ import pytest
 from vertumnus.core import planner, probes, whatif
 from vertumnus.core.control import Controller
 from vertumnus.core.costmodel import PrefillModel
+from vertumnus.core.memory import Memory
 from vertumnus.core.placement import PlacementParams
 from vertumnus.core.start import history_requests, initial_composition
 from vertumnus.core.types import Composition, Request
@@ -175,8 +176,6 @@ def test_a_move_by_persistence_needs_the_looks_between_to_agree(model):
     # and the streak says the window before paid too. What the looks of the last
     # persist_windows windows estimated (given as the controller's memory, one look
     # per window here) decides: on average they must not say the split loses.
-    from vertumnus.core.memory import Memory
-
     huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
     layout = planner.layout_for(Composition.parse("CP8"), 8)
     on = str(layout.composition)
@@ -316,6 +315,8 @@ def test_the_compiled_replay_gives_the_python_floats(model, seed):
         (Composition.parse("2xCP2+1xCP4+1xCP8"), None),
         (Composition.parse("4xCP4"), {4: [0.7, 0.7]}),
         (Composition.parse("1xCP8"), None),
+        # Heaps several levels deep, of odd and even sizes, some workers starting late.
+        (Composition.parse("13xCP2+6xCP4+2xCP8"), {2: [0.3, 0.3, 1.1]}),
     ):
         counts = {d: comp.degrees.count(d) for d in set(comp.degrees)}
         degs = sorted(counts)
@@ -906,6 +907,47 @@ def test_merges_are_damped_once_the_pool_flaps(model):
     # Off, the pool follows every window.
     free, _ = _flapping(model, replace(ps, damp_flaps=0), "slsll")
     assert [t.target for t in free][:4] == ["2xCP4", "1xCP8", "2xCP4", "1xCP8"]
+
+
+def _trough(model, ps: planner.PlannerSettings, memory: Memory | None = None):  # type: ignore[no-untyped-def]
+    """2xCP4 serving 16 short requests and one long one per hop for 15 hops (the looks
+    estimate that a merge to one CP8 loses), then a hop with two long requests alone
+    (a trough: the short ones stopped): the last look's tick."""
+    huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
+    layout = planner.layout_for(Composition.parse("2xCP4"), 8)
+    ctl = Controller(planner.initial_state(layout), huge, ps, model, memory=memory)
+    rid, tick = 0, None
+    for hop in range(16):
+        t0 = 2.5 * hop
+        lengths = [6000] * 16 + [60000] if hop < 15 else [40000, 40000]
+        gap = 2.5 / len(lengths)
+        for i, n in enumerate(lengths):
+            ctl.windows.placed(Request(rid, t0 + gap * i, n, (1000 + rid,)), 1.0, 0)
+            rid += 1
+        tick = ctl.tick({0: 0.0, 1: 0.0}, reconfiguring=False)
+        assert tick is None or hop == 15 or tick.ops == ()  # nothing moves before
+    assert tick is not None and tick.whatif is not None
+    return tick
+
+
+def test_while_the_pool_flaps_a_merge_since_a_change_is_held_to_the_recall(model):
+    """A rate that cycles within a window makes each trough a change of arrivals
+    (on a large pool, with the counts to see it), and on the requests since it a merge
+    pays decisively. While the pool flaps, such a merge is made only if the recall
+    (the looks on this composition at the same mix) does not find that it loses."""
+    ps = settings(check_hops=8, persist_windows=2, min_requests=2, damp_flaps=2)
+    calm = _trough(model, ps)
+    assert calm.whatif.verdict == "trigger" and calm.whatif.since_s == 2.5
+    assert calm.target == "1xCP8"
+    # The same look on a pool that flapped twice: the looks of the window before the
+    # trough, at its mix, estimated that the merge loses.
+    flapped = Memory(flaps=(0, 0), last_move=("split", 0))
+    held = _trough(model, ps, flapped)
+    assert held.whatif.verdict == "damped" and held.ops == () and held.target is None
+    assert held.whatif.since_s == 2.5
+    # Without the recall (off), damping lets a merge since a change through, as before.
+    free = _trough(model, replace(ps, whatif_recall_s=0.0), flapped)
+    assert free.whatif.verdict == "trigger" and free.target == "1xCP8"
 
 
 def test_a_light_stretch_that_outlasts_the_horizon_is_merged_for_all_the_damping(model):

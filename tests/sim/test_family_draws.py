@@ -155,7 +155,8 @@ def test_copies_past_the_stored_ones_bring_their_own_fixed_runs():
 
 @pytest.mark.parametrize(
     ("flag", "bad"),
-    [("--draws", b) for b in ("x", "0,-1", "")] + [("--replicas", b) for b in ("0", "x", "-2")],
+    [("--draws", b) for b in ("x", "0,-1", "")]
+    + [(flag, b) for flag in ("--replicas", "--gpus", "--lattice-step") for b in ("0", "x", "-2")],
 )
 def test_bad_draws_and_replicas_are_refused_by_name(capsys, flag, bad):
     with pytest.raises(SystemExit):
@@ -171,6 +172,11 @@ def test_fixed_runs_of_other_draws_or_copies_are_refused(tmp_path, capsys):
         with pytest.raises(SystemExit):
             families.main(["--fixed-from", str(earlier), *argv])
         assert "--fixed-from" in capsys.readouterr().err
+    # Fixed runs of another pool size.
+    with pytest.raises(SystemExit):
+        families.main(["--fixed-from", str(earlier), "--draws", "0,1", "--replicas", "3",
+                       "--gpus", "256"])  # fmt: skip
+    assert "40 GPUs, this run [0, 1], 3 and 256" in capsys.readouterr().err
     # The draws and copies match, but the earlier output has no such cell.
     with pytest.raises(SystemExit):
         families.main(["--fixed-from", str(earlier), "--draws", "1", "--replicas", "3"])
@@ -186,3 +192,21 @@ def test_decision_times_leave_out_the_ticks_that_met_a_full_garbage_collection()
     assert 2.0 < got["decision_ms_p99"] <= 3.0
     empty = f.decision_ms([], [])
     assert empty["decision_ms_max"] == empty["decision_ms_p99"] == 0.0
+
+
+def test_a_larger_pool_gets_the_same_load_per_gpu_and_a_strided_lattice():
+    from vertumnus.core import planner
+
+    f = bench_script("families.py")
+    small, scale = f.workload("toolagent", "light", 0)
+    large, scale4 = f.workload("toolagent", "light", 0, gpus=160)
+    assert scale4 == pytest.approx(4 * scale)
+    assert len(large) == pytest.approx(4 * len(small), rel=0.05)
+    settings = planner.PlannerSettings()
+    lattice = list(planner.enumerate_lattice(256, settings.degrees, settings.domain_size))
+    assert f.fixed_compositions(256, settings) == lattice and len(lattice) == 33
+    strided = f.fixed_compositions(256, settings, 4)
+    assert strided == lattice[::4] and len(strided) == 9
+    # The last is kept where the step skips it.
+    assert f.fixed_compositions(256, settings, 5) == [*lattice[::5], lattice[-1]]
+    assert all(sum(c.degrees) == 256 for c in strided)

@@ -23,8 +23,9 @@
  * instead of looked up once per degree; a waiting worker has one entry in the
  * pending heap, moved on to its latest request's start when the first is
  * passed, instead of one per waiting request (the same count of waiting
- * workers at every arrival); and a composition of some of the table's degrees
- * reads their rows in place (``index``) instead of a copy of them.
+ * workers at every arrival); a composition of some of the table's degrees
+ * reads their rows in place (``index``) instead of a copy of them; and beta_i is
+ * read from a table per count of waiting workers, not divided out per request.
  *
  * Pure: no I/O, no global state.
  */
@@ -60,24 +61,27 @@ wheap_sift_up(WHeap *h, Py_ssize_t *pos, Py_ssize_t i)
     pos[x.w] = i;
 }
 
-/* The entry at i got the later key t: down to where it belongs. */
+/* The entry at i got the later key t: down to where it belongs. e[n] is a sentinel
+ * greater than every entry, so that a node's right child can always be read, and
+ * the child is picked without a branch (half those picks would be mispredicted). */
 static void
 wheap_sift_down(WHeap *h, Py_ssize_t *pos, Py_ssize_t i, double t)
 {
     Entry x = {t, h->e[i].w};
+    Entry *e = h->e;
     for (;;) {
         Py_ssize_t c = 2 * i + 1;
         if (c >= h->n)
             break;
-        if (c + 1 < h->n && less(&h->e[c + 1], &h->e[c]))
-            c++;
-        if (!less(&h->e[c], &x))
+        const Entry *l = &e[c], *r = &e[c + 1];
+        c += (r->t < l->t) | ((r->t == l->t) & (r->w < l->w));
+        if (!less(&e[c], &x))
             break;
-        h->e[i] = h->e[c];
-        pos[h->e[i].w] = i;
+        e[i] = e[c];
+        pos[e[i].w] = i;
         i = c;
     }
-    h->e[i] = x;
+    e[i] = x;
     pos[x.w] = i;
 }
 
@@ -124,7 +128,7 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Heap pending = {NULL, 0, 0};
     Py_ssize_t *pos = NULL, *mark = NULL;
     Holders *holders = NULL;
-    double *free_t = NULL, *last_start = NULL, *lam = NULL;
+    double *free_t = NULL, *last_start = NULL, *lam = NULL, *beta_of = NULL;
     Py_ssize_t *row_of = NULL;
     const double **hit_row = NULL, **miss_row = NULL; /* per degree of the composition */
     char *waiting = NULL;
@@ -217,8 +221,10 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     pos = PyMem_Calloc((size_t)n_workers + 1, sizeof(Py_ssize_t));
     mark = PyMem_Calloc((size_t)n_workers + 1, sizeof(Py_ssize_t));
     waiting = PyMem_Calloc((size_t)n_workers + 1, 1);
+    beta_of = PyMem_Calloc((size_t)n_workers + 1, sizeof(double));
     holders = PyMem_Calloc((size_t)n_prefixes + 1, sizeof(Holders));
-    if (free_t == NULL || last_start == NULL || row_of == NULL || pos == NULL || mark == NULL || waiting == NULL || holders == NULL) {
+    if (free_t == NULL || last_start == NULL || row_of == NULL || pos == NULL || mark == NULL ||
+        waiting == NULL || beta_of == NULL || holders == NULL) {
         PyErr_NoMemory();
         Py_DECREF(starts);
         Py_DECREF(lam_seq);
@@ -243,6 +249,7 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             heaps[k].e[heaps[k].n++] = (Entry){f, w};
             wheap_sift_up(&heaps[k], pos, heaps[k].n - 1);
         }
+        heaps[k].e[m] = (Entry){INFINITY, PY_SSIZE_T_MAX}; /* the sentinel */
         Py_DECREF(row);
     }
     Py_DECREF(starts);
@@ -256,6 +263,10 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
     }
 
+    /* beta_i per count of waiting workers, the same floats as per request: a division
+     * on every request's path is gone. */
+    for (Py_ssize_t q = 0; q <= n_workers; q++)
+        beta_of[q] = extra != 0.0 ? beta + extra * (double)q / (double)n_workers : beta;
     double *out_t = outb.buf;
     Py_ssize_t n_waiting = 0;
     int out_of_memory = 0;
@@ -282,7 +293,7 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         if (out_of_memory)
             break;
-        double b = extra != 0.0 ? beta + extra * (double)n_waiting / (double)n_workers : beta;
+        double b = beta_of[n_waiting];
         long long pid = reused_t[i];
         Holders *hold = (pid >= 0 && pid < n_prefixes) ? &holders[pid] : NULL;
         if (hold != NULL)
@@ -372,6 +383,7 @@ done:
     PyMem_Free(pos);
     PyMem_Free(mark);
     PyMem_Free(waiting);
+    PyMem_Free(beta_of);
     PyMem_Free(lam);
     PyMem_Free((void *)hit_row);
     PyMem_Free((void *)miss_row);

@@ -732,12 +732,12 @@ class Controller:
         check: WhatIf,
         ops: tuple[planner.Op, ...],
     ) -> tuple[WhatIf, tuple[planner.Op, ...]]:
-        """Flap damping (``PlannerSettings.damp_flaps``): a merge starts only on a
-        decisive gain since a change of arrivals while the pool has flapped
-        ``damp_flaps`` times in the last ``damp_s`` (the verdict is then
-        ``damped``); every move that starts is recorded, a reversal within
-        ``flap_s`` as a flap. Counted in evaluations (``hop`` seconds each): no
-        clock."""
+        """Flap damping (``PlannerSettings.damp_flaps``): while the pool has flapped
+        ``damp_flaps`` times in the last ``damp_s``, a merge starts only on a decisive
+        gain since a change of arrivals that the recall does not refute (the verdict
+        is otherwise ``damped``); every move that starts is recorded, a reversal
+        within ``flap_s`` as a flap. Counted in evaluations (``hop`` seconds each):
+        no clock."""
         ps = self.settings
         if not ops:
             return check, ops
@@ -745,13 +745,21 @@ class Controller:
         direction = _direction(ops)
         while self._flaps and now - self._flaps[0] > ps.damp_s / ps.hop:
             self._flaps.popleft()
-        # A move with since_s decided on the requests since a change of arrivals.
         if (
             ps.damp_flaps
             and direction == "merge"
             and len(self._flaps) >= ps.damp_flaps
-            and check.since_s is None
             and not self._outlasted()
+            # A move with since_s was decided on the requests since a change of
+            # arrivals. On a large pool a rate that cycles within a window is such a
+            # change at every crest and trough (the change-point test has the counts
+            # to see it); the looks on this composition at the same mix say whether
+            # this merge lost lately (the 256-GPU longcontext heavy cell merged and
+            # split back every 10 s; docs/benchmarks/adaptive.md, "Families at 256 GPUs").
+            and (
+                check.since_s is None
+                or not self._recalled(self.state.target or self._after(before.layout, ops))
+            )
         ):
             self._stand(before, goal)
             return replace(check, verdict="damped"), ()

@@ -195,8 +195,8 @@ class PlannerSettings:
     there moves at once."""
     whatif_recall_s: float = 200.0
     """Recall, against a load that cycles: a merge the whole window leads to (the
-    rules' or the check's own; not one decided on the requests since a change of
-    arrivals) is made only if the looks on the current composition over the last
+    rules' or the check's own; one decided on the requests since a change of
+    arrivals only while the pool flaps, ``damp_flaps``) is made only if the looks on the current composition over the last
     this many seconds, back to the first whose window's long fraction differs from
     this one's by a factor of 2 or more (another mix), do not estimate on average
     that its target loses (verdict ``recall``). A merge pays in a trough of the
@@ -210,7 +210,11 @@ class PlannerSettings:
     """Flap damping, as an autoscaler's scale-down stabilization: once the
     controller has reversed a move within ``flap_s`` this many times in the last
     ``damp_s``, the what-if check makes no merge but one that pays decisively on
-    the requests since a change of arrivals. A workload whose light stretches
+    the requests since a change of arrivals and that the recall
+    (``whatif_recall_s``) does not refute: on a large pool the change-point test
+    sees a change at every crest and trough of a rate that cycles within a window,
+    and such merges flapped every 10 s (docs/benchmarks/adaptive.md, "Families
+    at 256 GPUs"). A workload whose light stretches
     last less than the check's horizon (a rate that cycles) otherwise merges on
     each and splits back under the returning load, drained, at its tail
     latency's cost. Splits are never damped, and neither is a merge once every
