@@ -158,7 +158,7 @@ def test_copies_past_the_stored_ones_bring_their_own_fixed_runs():
     [("--draws", b) for b in ("x", "0,-1", "")]
     + [(flag, b) for flag in ("--replicas", "--gpus", "--lattice-step") for b in ("0", "x", "-2")],
 )
-def test_bad_draws_and_replicas_are_refused_by_name(capsys, flag, bad):
+def test_bad_draws_replicas_and_pool_sizes_are_refused_by_name(capsys, flag, bad):
     with pytest.raises(SystemExit):
         bench_script("families.py").main([flag, bad])
     assert flag in capsys.readouterr().err
