@@ -727,6 +727,49 @@ def test_after_a_change_of_arrivals_the_check_judges_on_the_requests_since(model
         settings(whatif_change=-1.0)
 
 
+def test_a_change_of_arrivals_must_stand_out_of_the_traffics_own_bursts(model):
+    """Bursty but stationary arrivals (a burst every third hop) reach the change-point
+    threshold at every look. Once the controller has a window's worth of looks, those
+    bursts are its usual and no longer a change (no replay since one, the whole
+    window judges); a tenfold step after them still is. With ``whatif_change_over``
+    0 every burst is a change."""
+    huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
+    layout = planner.layout_for(Composition.parse("CP8"), 8)
+    bursts = [4, 4, 60]
+    counts = [bursts[h % 3] for h in range(30)] + [600, 600]
+
+    def looks(ps):  # type: ignore[no-untyped-def]
+        ctl = Controller(planner.initial_state(layout), huge, ps, model)
+        rid, out = 0, []
+        for hop, n in enumerate(counts):
+            for i in range(n):
+                ctl.windows.placed(Request(rid, 2.5 * (hop + i / n), 64, (1000 + rid,)), 1.0, 0)
+                rid += 1
+            tick = ctl.tick({0: 0.0}, reconfiguring=False)
+            if tick is not None:
+                assert tick.ops == () and tick.whatif is not None
+                out.append(tick.whatif.change)
+        return out
+
+    # No move: every look stands on the one CP8.
+    ps = settings(
+        check_hops=8, min_requests=4, whatif_margin=0.99, whatif_decisive=1.0,
+        whatif_change_decisive=1.0, whatif_accumulate=False,
+    )  # fmt: skip
+    found = looks(ps)
+    assert len(found) == 25
+    assert all(c is not None for c in found[:8])  # no usual yet: every burst is a change
+    assert all(c is None for c in found[8:-2])  # the bursts are the usual now
+    step = found[-1]
+    assert step is not None and step.hops == 2 and step.statistic > 1000
+    every = looks(replace(ps, whatif_change_over=0.0))
+    assert all(c is not None and c.statistic >= ps.whatif_change for c in every)
+    with pytest.raises(ValueError, match="whatif_change_over"):
+        settings(whatif_change_over=-1.0)
+    with pytest.raises(ValueError, match="whatif_change_memory_s"):
+        settings(whatif_change_memory_s=0.0)
+
+
 def test_a_move_of_the_whole_window_is_vetoed_when_it_does_not_pay_since_the_change(model):
     """2xCP4 with one 100K-token request per hop, then a burst of short requests: on
     the whole window a merge to one CP8 pays (the long requests run faster there), on

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -247,6 +248,10 @@ class Controller:
         """When the last move the shadows did not decide started: they compare since."""
         self._compared: tuple[shadow.Comparison, ...] = ()
         """The shadows' last comparisons (at the last boundary)."""
+        self._statistics: deque[float] = deque(
+            maxlen=max(1, round(settings.whatif_change_memory_s / settings.hop))
+        )
+        """The change-point statistic of each of the last looks (``whatif_change_over``)."""
         self._walked: (
             tuple[planner.Layout, object, dict[str, list[list[planner.PathStep]]]] | None
         ) = None
@@ -396,7 +401,8 @@ class Controller:
         # threads it runs while the rules decide.
         replays = self._replays(before, reconfiguring)
         goal = self._goal
-        since = None if replays is None else self._since_change(before, replays)
+        change = self._change()
+        since = None if replays is None else self._since_change(before, replays, change)
         with contextlib.ExitStack() as stack:
             for r in (replays, since):
                 if r is not None:
@@ -590,19 +596,35 @@ class Controller:
         since = None if change is None else change.hops * ps.hop
         return probes.Replays(table, self.params, threads, before.layout.composition, change, since)
 
-    def _since_change(
-        self, before: planner.ControllerState, window: probes.Replays
-    ) -> probes.Replays | None:
-        """Replays of the requests since a change of the window's arrivals
-        (``settings.whatif_change``), if there is one with ``min_requests``
-        requests on either side: the window's table cut at the change."""
+    def _change(self) -> changepoint.Change | None:
+        """The window's change of arrivals (``settings.whatif_change``), if it has one
+        that stands out of the statistics of the last looks (``whatif_change_over``)."""
         ps = self.settings
         if not ps.whatif_change:
             return None
-        counts = self.windows.hop_counts()
-        change = changepoint.last_change(counts)
-        if change is None or change.statistic < ps.whatif_change:
+        change = changepoint.last_change(self.windows.hop_counts())
+        if change is None:
             return None
+        # A window's worth of looks at least, so that one change is not its own usual.
+        seen = len(self._statistics) >= ps.hops_per_window
+        usual = statistics.median(self._statistics) if seen else 0.0
+        self._statistics.append(change.statistic)
+        if change.statistic < max(ps.whatif_change, ps.whatif_change_over * usual):
+            return None
+        return change
+
+    def _since_change(
+        self,
+        before: planner.ControllerState,
+        window: probes.Replays,
+        change: changepoint.Change | None,
+    ) -> probes.Replays | None:
+        """Replays of the requests since ``change`` (:meth:`_change`), if it has
+        ``min_requests`` requests on either side: the window's table cut at the change."""
+        ps = self.settings
+        if change is None:
+            return None
+        counts = self.windows.hop_counts()
         first = sum(s + lg for s, lg in counts[: -change.hops])
         after = sum(s + lg for s, lg in counts) - first
         if first < ps.min_requests or after < ps.min_requests:

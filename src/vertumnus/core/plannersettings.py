@@ -182,6 +182,13 @@ class PlannerSettings:
     the change is in it (verdict ``hold``). 0: always the whole window
     (docs/benchmarks/adaptive.md, "Judging on the requests since a change" and
     "The requests since a change decide")."""
+    whatif_change_over: float = 3.0
+    """A change of arrivals must also stand out of the traffic's own burstiness: its
+    statistic at least this many times the median of the statistics the looks of
+    the last ``whatif_change_memory_s`` found (at any count, bursty traffic
+    reaches ``whatif_change`` at most looks). 0: ``whatif_change`` alone."""
+    whatif_change_memory_s: float = 240.0
+    """The span of looks whose median statistic ``whatif_change_over`` reads."""
     whatif_change_decisive: float = 0.10
     """The estimated gain on the requests since a change of arrivals that moves the
     pool at once when the change moved the mix the move's way: the share of long
@@ -370,6 +377,14 @@ class PlannerSettings:
             raise ValueError(f"damp_flaps must be >= 0 (0: off), got {self.damp_flaps}")
         if not (self.flap_s > 0 and self.damp_s > 0):
             raise ValueError(f"flap_s and damp_s must be > 0, got {self.flap_s}, {self.damp_s}")
+        if not self.whatif_change_over >= 0:
+            raise ValueError(
+                f"whatif_change_over must be >= 0 (0: off), got {self.whatif_change_over}"
+            )
+        if not self.whatif_change_memory_s > 0:
+            raise ValueError(
+                f"whatif_change_memory_s must be > 0, got {self.whatif_change_memory_s}"
+            )
         if not self.whatif_change >= 0:
             raise ValueError(f"whatif_change must be >= 0 (0: off), got {self.whatif_change}")
         if not (self.shadow_horizon_s > 0 and 0 < self.shadow_min_s <= self.shadow_horizon_s):
