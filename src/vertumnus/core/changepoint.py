@@ -25,16 +25,17 @@ reached 25 in none of 10,000 simulated windows (``tests/core/test_changepoint.py
 Real traces are burstier than Poisson, and G grows with the window's count:
 on a stationary but bursty trace it measures the bursts. At 40 GPUs the
 bursty Azure code trace reaches 25 at 85–100 % of its looks; at 256 GPUs
-(six times the requests per window) 9 of the 15 cells of ``bench/families.py``
-reach it at most looks, the tool agent's and the long-context preset's among
-them. So the controller also asks a
-change to stand out of the traffic's own bursts: G at least
-``PlannerSettings.whatif_change_over`` times the median G of its looks of the
-last four minutes (:meth:`vertumnus.core.control.Controller.tick`). A phase
-change of the three time-varying mixes is 5–68 times that median at the first
-look after it, and 14–107 times at its peak. The check's
-other conditions carry the rest: a decisive gain on the requests since the
-change, and enough requests on both sides. Pure: no clock, no I/O.
+(six times the requests per window) 9 of the 15 cells of
+``bench/families.py`` reach it at most looks, the tool agent's and the
+long-context preset's among them. So the controller also asks a change to
+stand out of the traffic's own bursts: G at least
+``PlannerSettings.whatif_change_over`` times the median G of its looks of
+the last four minutes (``Controller._change`` in
+:mod:`vertumnus.core.control`). A phase change of the three time-varying
+mixes is 5–68 times that median at the first look after it, and 14–107
+times at its peak. The check's other conditions carry the rest: a decisive
+gain on the requests since the change, and enough requests on both sides.
+Pure: no clock, no I/O.
 """
 
 from __future__ import annotations

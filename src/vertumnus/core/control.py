@@ -9,10 +9,13 @@ steps and passes every decision through the what-if check
 
 - **change points** (``settings.whatif_change``): where the window's
   arrivals changed, if they did (:mod:`vertumnus.core.changepoint`), so that
-  the what-if check judges on the requests since the change;
+  the what-if check judges on the requests since the change, and the
+  statistic of each look of the last minutes, which a change must stand out
+  of (``settings.whatif_change_over``);
 - **flaps** (``settings.damp_flaps``): the moves the check let start, and
   which of them reversed the one before within ``flap_s``; while the pool
-  flaps, merges wait for a decisive gain since a change of arrivals;
+  flaps, merges wait for a decisive gain since a change of arrivals that the
+  recall allows;
 - **recall** (``settings.whatif_recall_s``): each look's estimated gain of
   every merge candidate, so that a merge the whole window leads to is made
   only where the looks on this composition at the same mix, lately, do not
@@ -251,7 +254,8 @@ class Controller:
         self._statistics: deque[float] = deque(
             maxlen=max(1, round(settings.whatif_change_memory_s / settings.hop))
         )
-        """The change-point statistic of each of the last looks (``whatif_change_over``)."""
+        """The change-point statistic of each of the last looks (``whatif_change_over``);
+        not part of :meth:`memory`: a restarted controller relearns it in a window."""
         self._walked: (
             tuple[planner.Layout, object, dict[str, list[list[planner.PathStep]]]] | None
         ) = None
