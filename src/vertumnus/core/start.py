@@ -6,7 +6,7 @@ into the planner's view, with the reuse an ideal global cache would give it,
 and :func:`initial_composition` picks the starting composition: with the
 what-if check on, the lattice point whose replay of the history
 (:mod:`vertumnus.core.whatif`) gives the lowest mean TTFT
-(:func:`composition_estimates`); otherwise the rules' pick
+(:func:`composition_estimates`; a large lattice searched coarse to fine); otherwise the rules' pick
 (:func:`vertumnus.core.planner.initial_composition`). Pure: no clock, no I/O.
 """
 
@@ -20,7 +20,7 @@ from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.placement import PlacementParams
 from vertumnus.core.types import Composition, Request, cached_tokens
 
-__all__ = ["composition_estimates", "history_requests", "initial_composition"]
+__all__ = ["ESTIMATED", "composition_estimates", "history_requests", "initial_composition"]
 
 
 def initial_composition(
@@ -67,24 +67,57 @@ def composition_estimates(
     None), and the what-if estimate of each candidate on them (empty without a
     history), in the candidates' order.
 
-    The candidates are the lattice; on lattices of more than 64 points, the rules'
-    pick and its neighbours. Reuse is as :func:`history_requests` estimates it.
+    The candidates are the lattice; a lattice of more than :data:`ESTIMATED` points
+    is searched coarse to fine (:func:`_coarse_to_fine`). Reuse is as
+    :func:`history_requests` estimates it.
     """
     params = params or PlacementParams()
     history = history_requests(requests, block_size, history_s)
     ruled = planner.initial_composition(history, lattice, capacity, model, settings, params)
     if not history:
         return ruled, []
-    candidates = list(lattice)
-    if len(candidates) > 64:
-        candidates = [ruled, *planner.neighbours(ruled, settings.degrees, settings.domain_size)]
-    degrees = sorted({d for c in candidates for d in c.degrees})
+    lattice = list(lattice)
+    degrees = sorted({d for c in lattice for d in c.degrees})
     rows = [
         (h.arrival_s, h.length, h.cached_tokens, r.block_keys)
         for h, r in zip(history, requests, strict=False)
     ]
     table = whatif.RequestTable(rows, block_size, model, degrees)
-    return ruled, whatif.best_of(table, candidates, params)[1]
+    if len(lattice) <= ESTIMATED:
+        return ruled, whatif.best_of(table, lattice, params)[1]
+    return ruled, _coarse_to_fine(table, lattice, ruled, settings, params)
+
+
+ESTIMATED = 64
+"""The most lattice points the start estimates one by one (a 1,024-GPU CP4/CP8
+lattice has 129: 5–17 ms each on a history of 225 s at light load here)."""
+
+
+def _coarse_to_fine(
+    table: whatif.RequestTable,
+    lattice: list[Composition],
+    ruled: Composition,
+    settings: planner.PlannerSettings,
+    params: PlacementParams,
+) -> list[whatif.Estimate]:
+    """The estimates of a large lattice's likely best: every ``step``-th point (in the
+    lattice's order, its last, the rules' pick and their neighbours), ~half of
+    :data:`ESTIMATED`; then the points within a step of the best of those and its
+    neighbours. Before, only the rules' pick and its neighbours were estimated, and at
+    light load the rules pick the largest workers: a 1,024-GPU pool started on
+    ``128xCP8`` and split for minutes (docs/benchmarks/adaptive.md, "A change must
+    stand out of the bursts")."""
+    step = math.ceil(len(lattice) / (ESTIMATED // 2))
+
+    def near(c: Composition) -> list[Composition]:
+        return planner.neighbours(c, settings.degrees, settings.domain_size)
+
+    first = dict.fromkeys([*lattice[::step], lattice[-1], ruled, *near(ruled)])
+    best, found = whatif.best_of(table, list(first), params)
+    i = lattice.index(best) if best in lattice else None  # a neighbour may lie outside
+    around = [] if i is None else lattice[max(0, i - step + 1) : i + step]
+    second = [c for c in dict.fromkeys([*around, *near(best)]) if c not in first]
+    return found + (whatif.best_of(table, second, params)[1] if second else [])
 
 
 def history_requests(
