@@ -205,9 +205,11 @@ def initial_composition(
         for d in degree_set
     }
     windows = [int((r.arrival_s - t0) // h) for r in history]
+    quantiles: dict[tuple[int, ...], float] = {}
 
-    def fits(comp: Composition) -> tuple[bool, float]:
-        degs = sorted(set(comp.degrees))
+    def quantile(degs: tuple[int, ...]) -> float:
+        """The history's window demand at ``history_quantile`` on workers of ``degs``
+        (it depends on the degrees present, not on their counts)."""
         c_min = degs[0]
         demand = [0.0] * n_windows
         for i, k in enumerate(windows):
@@ -218,9 +220,14 @@ def initial_composition(
             )
             demand[k] += est[best][i]
         demand.sort()
-        q = demand[min(n_windows - 1, math.ceil(settings.history_quantile * n_windows) - 1)]
+        return demand[min(n_windows - 1, math.ceil(settings.history_quantile * n_windows) - 1)]
+
+    def fits(comp: Composition) -> tuple[bool, float]:
+        degs = tuple(sorted(set(comp.degrees)))
+        if degs not in quantiles:
+            quantiles[degs] = quantile(degs)
         k_cap = capacity.capacity_per_s(comp.degrees)
-        return q <= settings.upper * k_cap * h, k_cap
+        return quantiles[degs] <= settings.upper * k_cap * h, k_cap
 
     ordered = sorted(candidates, key=large_first_key)
     results = [(c, *fits(c)) for c in ordered]
