@@ -6,8 +6,9 @@ into the planner's view, with the reuse an ideal global cache would give it,
 and :func:`initial_composition` picks the starting composition: with the
 what-if check on, the lattice point whose replay of the history
 (:mod:`vertumnus.core.whatif`) gives the lowest mean TTFT
-(:func:`composition_estimates`; a large lattice searched coarse to fine); otherwise the rules' pick
-(:func:`vertumnus.core.planner.initial_composition`). Pure: no clock, no I/O.
+(:func:`composition_estimates`; a large lattice is searched coarse to fine);
+otherwise the rules' pick (:func:`vertumnus.core.planner.initial_composition`).
+Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -67,9 +68,9 @@ def composition_estimates(
     None), and the what-if estimate of each candidate on them (empty without a
     history), in the candidates' order.
 
-    The candidates are the lattice; a lattice of more than :data:`ESTIMATED` points
-    is searched coarse to fine (:func:`_coarse_to_fine`). Reuse is as
-    :func:`history_requests` estimates it.
+    The candidates are the lattice, in its order; of a lattice of more than
+    :data:`ESTIMATED` points, those a coarse-to-fine search estimates
+    (:func:`_coarse_to_fine`). Reuse is as :func:`history_requests` estimates it.
     """
     params = params or PlacementParams()
     history = history_requests(requests, block_size, history_s)
