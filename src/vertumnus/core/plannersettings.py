@@ -191,9 +191,9 @@ class PlannerSettings:
     cells do, and each such look restarted the shadows' comparison and judged on
     a burst's 2.5 s. The mixes' phase changes are 5–68 times the median at their
     first look. At 3 the 256-GPU families meet 1 % on mean and P90 in 10 of 15
-    cells (8 at 0), the 40-GPU families and the mixes are the same to the bit
-    (docs/benchmarks/adaptive.md, "A change must stand out of the bursts"). 0:
-    ``whatif_change`` alone."""
+    cells (8 at 0, 9 at 2 and at 5), and the 40-GPU families and the mixes are
+    the same to the bit (docs/benchmarks/adaptive.md, "A change must stand out
+    of the bursts"). 0: ``whatif_change`` alone."""
     whatif_change_memory_s: float = 240.0
     """The span of the looks whose median statistic ``whatif_change_over`` reads
     (as long as the shadows compare before they move, ``shadow_min_s``)."""
