@@ -211,8 +211,8 @@ class PlannerSettings:
     whatif_recall_s: float = 200.0
     """Recall, against a load that cycles: a merge the whole window leads to (the
     rules' or the check's own; one decided on the requests since a change of
-    arrivals only while the pool flaps, ``damp_flaps``) is made only if the looks on the current composition over the last
-    this many seconds, back to the first whose window's long fraction differs from
+    arrivals only while the pool flaps, ``damp_flaps``) is made only if the looks
+    on the current composition over the last this many seconds, back to the first whose window's long fraction differs from
     this one's by a factor of 2 or more (another mix), do not estimate on average
     that its target loses (verdict ``recall``). A merge pays in a trough of the
     load and loses at its crest, where undoing it needs a drained split under the
