@@ -57,7 +57,8 @@ composition over the copies (the noise floor).
     python bench/families.py --draws 0,1,2 --replicas 6 \
         --fixed-from docs/benchmarks/adaptive_families_replicas.json --out /tmp/six.json
 
-(``--fixed-from`` a file with fewer copies runs the fixed pools of the copies it lacks.)
+(``--fixed-from`` a file with fewer copies runs the fixed pools of the copies it lacks;
+one with a coarser ``--lattice-step``, the compositions it lacks.)
 
 ``--gpus N`` runs every cell on an N-GPU pool at the same load per GPU (its
 rates scale with N); a large pool's lattice has dozens of compositions, and
@@ -78,7 +79,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -238,13 +239,15 @@ def run_replica(
     rebalance: bool,
     draw: int | None,
     r: int,
-    with_fixed: bool = True,
+    stored: Collection[str] = (),
     gpus: int = GPUS,
     lattice_step: int = 1,
 ) -> dict[str, Any]:
-    """Adaptive and (``with_fixed``) the fixed lattice compositions on copy ``r`` of one
-    (family, load[, draw]) on ``gpus`` GPUs: every one, or (``lattice_step``) every
-    that-many-th of them in the lattice's order, and its last."""
+    """Adaptive and the fixed lattice compositions on copy ``r`` of one (family,
+    load[, draw]) on ``gpus`` GPUs: every one, or (``lattice_step``) every
+    that-many-th of them in the lattice's order, and its last; those named in
+    ``stored`` (``vertumnus:COMPOSITION``, their runs taken from an earlier
+    output) excepted."""
     trace, scale = workload(family, load, draw, gpus)
     trace = replica(trace, r)
     model = load_model()
@@ -267,7 +270,7 @@ def run_replica(
         "wall_s": time.perf_counter() - t0,
     }
     lattice = fixed_compositions(gpus, control, lattice_step)
-    for comp in lattice if with_fixed else ():
+    for comp in (c for c in lattice if f"vertumnus:{c}" not in stored):
         t0 = time.perf_counter()
         fixed = Simulation(PoolConfig(comp, model, block_size=trace.block_size), CostModelPolicy())
         out = fixed.run(trace.requests)
@@ -411,7 +414,9 @@ def combine(copies: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return cell
 
 
-def _copy(args: tuple[str, str, str, bool, int | None, int, bool, int, int]) -> dict[str, Any]:
+def _copy(
+    args: tuple[str, str, str, bool, int | None, int, tuple[str, ...], int, int],
+) -> dict[str, Any]:
     return run_replica(*args)
 
 
@@ -533,7 +538,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         stored = {(c["family"], c["load"], c["draw"]): c for c in earlier["cells"]}
     else:
         stored_replicas = 0
-    # Copies the stored file has reuse its fixed runs; copies past them run their own.
+    cells_needed = [
+        (f, ld, d)
+        for f in (args.family or FAMILIES)
+        for ld in (args.load or LOADS)
+        for d in (args.draws or [None])
+    ]
+    missing = [k for k in cells_needed if args.fixed_from and k not in stored]
+    if missing:
+        ap.error(f"--fixed-from {args.fixed_from}: no cell {missing[0]} (family, load, draw)")
+
+    def reused(cell: tuple[str, str, int | None], r: int) -> tuple[str, ...]:
+        """The fixed runs copy ``r`` of ``cell`` takes from the stored file: all it has
+        for the copies it has (a finer ``--lattice-step`` runs the compositions it
+        lacks), none past them."""
+        if r >= stored_replicas:
+            return ()
+        return tuple(k for k in stored[cell]["runs"] if k != "vertumnus-adaptive")
+
     todo = [
         (
             f,
@@ -542,19 +564,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             not args.no_rebalance,
             d,
             r,
-            r >= stored_replicas,
+            reused((f, ld, d), r),
             args.gpus,
             args.lattice_step,
         )  # fmt: skip
-        for f in (args.family or FAMILIES)
-        for ld in (args.load or LOADS)
-        for d in (args.draws or [None])
+        for f, ld, d in cells_needed
         for r in range(args.replicas)
     ]
-    cells_needed = dict.fromkeys((f, ld, d) for f, ld, _, _, d, *_ in todo)
-    missing = [k for k in cells_needed if args.fixed_from and k not in stored]
-    if missing:
-        ap.error(f"--fixed-from {args.fixed_from}: no cell {missing[0]} (family, load, draw)")
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         cells = []

@@ -210,3 +210,20 @@ def test_a_larger_pool_gets_the_same_load_per_gpu_and_a_strided_lattice():
     # The last is kept where the step skips it.
     assert f.fixed_compositions(256, settings, 5) == [*lattice[::5], lattice[-1]]
     assert all(sum(c.degrees) == 256 for c in strided)
+
+
+def test_a_finer_lattice_runs_only_the_fixed_compositions_the_stored_file_lacks(monkeypatch):
+    from vertumnus.core import planner
+    from vertumnus.sim.synthetic import SyntheticConfig, generate
+
+    f = bench_script("families.py")
+    tiny = generate(SyntheticConfig(duration_s=60.0, mean_rate=2.0), seed=3)
+    monkeypatch.setattr(f, "workload", lambda family, load, draw, gpus: (tiny, 1.0))
+    lattice = f.fixed_compositions(40, planner.PlannerSettings())
+    stored = tuple(f"vertumnus:{c}" for c in lattice[1:])
+    cell = f.run_replica("toolagent", "light", "", True, None, 0, stored)
+    assert set(cell["runs"]) == {"vertumnus-adaptive", f"vertumnus:{lattice[0]}"}
+    whole = f.run_replica("toolagent", "light", "", True, None, 0)
+    assert set(whole["runs"]) == {"vertumnus-adaptive", *(f"vertumnus:{c}" for c in lattice)}
+    first = f"vertumnus:{lattice[0]}"
+    assert whole["runs"][first]["mean_ttft_s"] == cell["runs"][first]["mean_ttft_s"]
