@@ -3,6 +3,8 @@ a cell's resampled source, each after a warm-up that is served but not scored.""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.conftest import bench_script
@@ -227,3 +229,33 @@ def test_a_finer_lattice_runs_only_the_fixed_compositions_the_stored_file_lacks(
     assert set(whole["runs"]) == {"vertumnus-adaptive", *(f"vertumnus:{c}" for c in lattice)}
     first = f"vertumnus:{lattice[0]}"
     assert whole["runs"][first]["mean_ttft_s"] == cell["runs"][first]["mean_ttft_s"]
+
+
+def test_where_no_fixed_composition_meets_both_the_least_regret_is_the_yardstick(tmp_path, capsys):
+    f = bench_script("families.py")
+
+    # A has the best mean, B the best P90; C between them is 2 % behind on each.
+    cell = f.combine([copy((1.01, 2.06), (1.0, 2.1), (1.05, 2.0))])
+    cell["runs"]["vertumnus:C"] = {"mean_ttft_s": 1.02, "p90_ttft_s": 2.04}
+    name, least, adaptive = f.least_regret(cell)
+    assert name == "vertumnus:C" and least == pytest.approx(1.02)
+    assert adaptive == pytest.approx(1.03)  # its P90, 2.06 / 2.0
+    got = f.verdict([cell])
+    assert got["within_1pct_mean_and_p90"] == 0 and got["fixed_in_hindsight"] == {
+        "some_fixed_composition": 0,
+        "one_fixed_composition_per_workload": 0,
+    }
+    assert got["least_regret"]["within_1pct"] == 1
+    assert got["least_regret"]["worst_adaptive_over_least"] == pytest.approx(1.03 / 1.02)
+    # Adaptive 2 % past the least regret misses it.
+    cell["runs"]["vertumnus-adaptive"]["p90_ttft_s"] = 2.0808
+    assert f.verdict([cell])["least_regret"]["within_1pct"] == 0
+    # --judge reads an earlier output and runs nothing.
+    cell = {**cell, "role": "evaluation", "rate_scale": 1.0}
+    cell["runs"]["vertumnus-adaptive"]["timeline"] = [{"t_s": 0.0, "composition": "A"}]
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"cells": [cell]}))
+    assert f.main(["--judge", str(earlier)]) == 0
+    out = capsys.readouterr().out
+    assert "| toolagent | light, draw 0 | C | 1.020 / 1.020 | 1.020 | 1.040 | **1.020** |" in out
+    assert json.loads(out.strip().splitlines()[-1]) == f.verdict([cell])
