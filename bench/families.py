@@ -348,7 +348,8 @@ def least_regret(cell: dict[str, Any]) -> tuple[str, float, float]:
     the fixed compositions, as the must-show judges). Returns the fixed composition of
     least regret, that regret, and adaptive's. Where the best mean and the best P90
     belong to different compositions, every fixed one has a regret above 1, and a
-    controller that holds one composition at a time can do no better than the least."""
+    controller that settles on one composition does no better than the least (up to
+    the noise of one run)."""
     runs = cell["runs"]
     best_mean, best_p90, ratio_mean, ratio_p90 = _ratios(runs)
     mean, p90 = runs[best_mean]["mean_ttft_s"], runs[best_p90]["p90_ttft_s"]
