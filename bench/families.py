@@ -69,6 +69,15 @@ with ``--lattice-step 4`` (9 fixed pools of 33)::
 
     python bench/families.py --gpus 256 --lattice-step 4 --draws 0 --out /tmp/f256.json
 
+The whole lattice served once is the luckiest of 33 samples (a toolagent cell at
+256 GPUs moves by 7 % from copy to copy). ``--near F`` then serves the later
+copies only the fixed compositions within F of the stored copies' best mean or
+best P90, and judges the cell on those (the others' figures kept as ``left_out``)::
+
+    python bench/families.py --gpus 256 --draws 0 --out /tmp/f256_all.json
+    python bench/families.py --gpus 256 --draws 0 --replicas 3 --near 0.05 \
+        --fixed-from /tmp/f256_all.json --out /tmp/f256_near.json
+
 Where the best mean and the best P90 belong to different compositions, no fixed
 composition may meet both within 1 %; the second table then gives the yardstick a
 controller holding one composition at a time can reach: the fixed composition of
@@ -246,15 +255,15 @@ def run_replica(
     rebalance: bool,
     draw: int | None,
     r: int,
-    stored: Collection[str] = (),
+    skip: Collection[str] = (),
     gpus: int = GPUS,
     lattice_step: int = 1,
 ) -> dict[str, Any]:
     """Adaptive and the fixed lattice compositions on copy ``r`` of one (family,
     load[, draw]) on ``gpus`` GPUs: every one, or (``lattice_step``) every
     that-many-th of them in the lattice's order, and its last; those named in
-    ``stored`` (``vertumnus:COMPOSITION``, their runs taken from an earlier
-    output) excepted."""
+    ``skip`` (``vertumnus:COMPOSITION``: their runs taken from an earlier output,
+    or left out, ``--near``) excepted."""
     trace, scale = workload(family, load, draw, gpus)
     trace = replica(trace, r)
     model = load_model()
@@ -277,7 +286,7 @@ def run_replica(
         "wall_s": time.perf_counter() - t0,
     }
     lattice = fixed_compositions(gpus, control, lattice_step)
-    for comp in (c for c in lattice if f"vertumnus:{c}" not in stored):
+    for comp in (c for c in lattice if f"vertumnus:{c}" not in skip):
         t0 = time.perf_counter()
         fixed = Simulation(PoolConfig(comp, model, block_size=trace.block_size), CostModelPolicy())
         out = fixed.run(trace.requests)
@@ -430,13 +439,34 @@ def with_stored_fixed(copy: dict[str, Any], stored: dict[str, Any], r: int) -> d
     return {**copy, "runs": runs}
 
 
+def shortlist(cell: dict[str, Any], near: float) -> set[str]:
+    """The fixed compositions of ``cell`` within ``near`` (a fraction) of its best mean
+    or of its best P90: those the later copies serve (``--near``)."""
+    fixed = {k: v for k, v in cell["runs"].items() if k != "vertumnus-adaptive"}
+    mean = min(v["mean_ttft_s"] for v in fixed.values())
+    p90 = min(v["p90_ttft_s"] for v in fixed.values())
+    return {
+        k
+        for k, v in fixed.items()
+        if v["mean_ttft_s"] <= (1 + near) * mean or v["p90_ttft_s"] <= (1 + near) * p90
+    }
+
+
 def combine(copies: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One cell from its copies (:func:`run_replica`, copy 0 first): copy 0's record,
     each pool judged on its mean and P90 averaged over the copies."""
     cell = dict(copies[0])
     if len(copies) > 1:
         runs: dict[str, Any] = {}
+        # Pools left out of the later copies (``--near``) are left out of the judgement,
+        # their copy-0 figures kept beside it.
+        every = set.intersection(*(set(c["runs"]) for c in copies))
+        out = {k: v for k, v in copies[0]["runs"].items() if k not in every}
+        if out:
+            cell["left_out"] = {k: [v["mean_ttft_s"], v["p90_ttft_s"]] for k, v in out.items()}
         for name, first in copies[0]["runs"].items():
+            if name not in every:
+                continue
             each = [c["runs"][name] for c in copies]
             per = [[e["mean_ttft_s"], e["p90_ttft_s"]] for e in each]
             runs[name] = {
@@ -540,6 +570,16 @@ def _draws(text: str) -> list[int]:
     return draws
 
 
+def _fraction(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = -1.0
+    if not 0.0 <= x < 1.0:
+        raise argparse.ArgumentTypeError(f"--near wants a fraction in [0, 1), got {text!r}")
+    return x
+
+
 def _positive(flag: str) -> Callable[[str], int]:
     """An argparse type for ``flag``: an integer >= 1, anything else refused by name."""
 
@@ -589,6 +629,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pools too; for trying controller settings in a third of the time)",
     )
     ap.add_argument(
+        "--near",
+        type=_fraction,
+        metavar="FRACTION",
+        help="with --fixed-from and more --replicas than it has: the copies it lacks serve "
+        "only the fixed compositions within FRACTION (0.05: 5 %%) of its best mean or P90, "
+        "and the cell is judged on those (the others' figures kept as left_out)",
+    )
+    ap.add_argument(
         "--gpus",
         type=_positive("--gpus"),
         default=GPUS,
@@ -632,6 +680,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stored = {(c["family"], c["load"], c["draw"]): c for c in earlier["cells"]}
     else:
         stored_replicas = 0
+    if args.near is not None and not (args.fixed_from and args.replicas > stored_replicas):
+        ap.error("--near needs --fixed-from and more --replicas than that file has")
     cells_needed = [
         (f, ld, d)
         for f in (args.family or FAMILIES)
@@ -642,13 +692,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         ap.error(f"--fixed-from {args.fixed_from}: no cell {missing[0]} (family, load, draw)")
 
-    def reused(cell: tuple[str, str, int | None], r: int) -> tuple[str, ...]:
-        """The fixed runs copy ``r`` of ``cell`` takes from the stored file: all it has
-        for the copies it has (a finer ``--lattice-step`` runs the compositions it
-        lacks), none past them."""
-        if r >= stored_replicas:
+    lattice = [
+        f"vertumnus:{c}"
+        for c in fixed_compositions(
+            args.gpus, parse_planner_settings(args.planner), args.lattice_step
+        )
+    ]
+
+    def skipped(cell: tuple[str, str, int | None], r: int) -> tuple[str, ...]:
+        """The fixed runs copy ``r`` of ``cell`` does not make: for the copies the stored
+        file has, those it has (a finer ``--lattice-step`` runs the compositions it
+        lacks); past them none, or (``--near``) those not near the stored best."""
+        if r < stored_replicas:
+            return tuple(k for k in stored[cell]["runs"] if k != "vertumnus-adaptive")
+        if args.near is None:
             return ()
-        return tuple(k for k in stored[cell]["runs"] if k != "vertumnus-adaptive")
+        near = shortlist(stored[cell], args.near)
+        return tuple(k for k in lattice if k not in near)
 
     todo = [
         (
@@ -658,7 +718,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             not args.no_rebalance,
             d,
             r,
-            reused((f, ld, d), r),
+            skipped((f, ld, d), r),
             args.gpus,
             args.lattice_step,
         )  # fmt: skip

@@ -259,3 +259,31 @@ def test_where_no_fixed_composition_meets_both_the_least_regret_is_the_yardstick
     out = capsys.readouterr().out
     assert "| toolagent | light, draw 0 | C | 1.020 / 1.020 | 1.020 | 1.040 | **1.020** |" in out
     assert json.loads(out.strip().splitlines()[-1]) == f.verdict([cell])
+
+
+def test_later_copies_may_serve_only_the_compositions_near_the_best(tmp_path, capsys):
+    f = bench_script("families.py")
+
+    first = copy((1.0, 2.0), (1.0, 2.3), (1.2, 2.0))
+    first["runs"]["vertumnus:C"] = {"mean_ttft_s": 1.1, "p90_ttft_s": 2.2, "token_hit_rate": 0.5}
+    # A is best on the mean, B on the P90; C is 10 % behind on both.
+    assert f.shortlist(first, 0.05) == {"vertumnus:A", "vertumnus:B"}
+    assert f.shortlist(first, 0.1) == {"vertumnus:A", "vertumnus:B", "vertumnus:C"}
+    # The later copy served A and B only: C is left out of the judgement, its figures kept.
+    later = copy((1.0, 2.0), (1.1, 2.3), (1.2, 2.1))
+    cell = f.combine([first, later])
+    assert set(cell["runs"]) == {"vertumnus-adaptive", "vertumnus:A", "vertumnus:B"}
+    assert cell["left_out"] == {"vertumnus:C": [1.1, 2.2]}
+    assert cell["runs"]["vertumnus:A"]["replicas"] == [[1.0, 2.3], [1.1, 2.3]]
+    # --near needs a stored file to pick from and copies it lacks; and a fraction.
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text('{"draws": [0], "replicas": 1, "cells": []}')
+    for argv in (["--near", "0.05"], ["--near", "0.05", "--fixed-from", str(earlier),
+                                       "--draws", "0"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            f.main(argv)
+        assert "--near needs --fixed-from" in capsys.readouterr().err
+    for bad in ("x", "-0.1", "1.5"):
+        with pytest.raises(SystemExit):
+            f.main(["--near", bad])
+        assert "--near wants a fraction" in capsys.readouterr().err
