@@ -455,3 +455,41 @@ def test_a_decisive_estimate_is_held_to_the_shadows_on_its_own_window(
     # A gain below whatif_decisive is held to the older comparisons (none here).
     mild = replace(check, proposed=Estimate(target, 0.95, 1.9, 100))
     assert c._shadow_veto(c.state, obs, ops, mild) is False
+
+
+def test_a_move_between_windows_is_held_to_the_shadows_as_one_at_a_window(
+    model: PrefillModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The looks between two windows' (every ``check_hops``-th) may move the pool
+    too, on a decisive gain; the shadows' veto holds those back as it does a
+    window's. Before, it ran at the windows' looks only, and a decisive estimate
+    between them undid the shadows' move at once, three times in one run (the
+    toolagent moderate cell on 256 GPUs, docs/benchmarks/adaptive.md)."""
+    c, obs, ops = _merging_to_4xcp4_3xcp8(model)
+    current, target = Composition.parse("10xCP4"), Composition.parse("4xCP4+3xCP8")
+    check = WhatIf(
+        current=Estimate(current, 1.0, 2.0, 100),
+        candidates=(),
+        proposed=Estimate(target, 0.95, 1.9, 100),
+        verdict="agree",
+    )
+
+    class Replays:  # the check's replays, whose verdict _check gives below
+        def __enter__(self) -> Replays:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    monkeypatch.setattr(c, "_replays", lambda before, reconfiguring: Replays())
+    monkeypatch.setattr(c, "_check", lambda *args, **kwargs: (check, ops))
+    running = {s.worker: 0.0 for s in c.state.layout.slots}
+    while not c.windows.ready:
+        c.windows.close_hop()
+    for worse, held in ((-0.05, True), (0.05, False)):
+        c._evaluations = 3  # a look between two windows'
+        c._compared = (Comparison(Composition.parse("6xCP4+2xCP8"), 1000, 300.0, worse, worse),)
+        tick = c.tick(running, reconfiguring=False)
+        assert (tick.ops == ()) is held, worse
+        assert tick.whatif is not None
+        assert (tick.whatif.verdict == "shadow-veto") is held

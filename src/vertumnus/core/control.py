@@ -429,12 +429,20 @@ class Controller:
             # A change of arrivals: what the shadows served before it was another load.
             self._anchor_s = max(self._anchor_s, self.shadows.now_s - since.change.hops * ps.hop)
         compared: tuple[shadow.Comparison, ...] = ()
+        # Every look's move, not only a window's: a decisive estimate between two
+        # windows undid the shadows' move within a minute, again and again (the
+        # toolagent moderate cell at 256 GPUs, docs/benchmarks/adaptive.md).
+        if (
+            self.shadows is not None
+            and ops
+            and not reconfiguring
+            and self._shadow_veto(before, obs, ops, check)
+        ):
+            self._stand(before, goal)
+            ops = ()
+            if check is not None:
+                check = replace(check, verdict="shadow-veto")
         if self.shadows is not None and boundary and not reconfiguring:
-            if ops and self._shadow_veto(before, obs, ops, check):
-                self._stand(before, goal)
-                ops = ()
-                if check is not None:
-                    check = replace(check, verdict="shadow-veto")
             compared, shadowed = self._shadow_look(before, obs, ops)
             if shadowed:
                 ops = shadowed
@@ -469,6 +477,8 @@ class Controller:
         """A move the shadows find worse than staying: its target, or a composition
         on its way there (along the path), weighed gain below 0. The window's
         estimate against the pool's own requests served warm, the estimate loses.
+        Asked at every look that moves, between windows too (a decisive estimate
+        moves there; the shadows' own look and move are a window's).
 
         - A move the window's estimate finds decisive (``whatif_decisive``, on the
           whole window) is held to the shadows' comparison on that window's requests
