@@ -407,6 +407,19 @@ def _merging_to_4xcp4_3xcp8(
     return c, obs, ops
 
 
+def _agreeing(proposed_mean_s: float) -> WhatIf:
+    """The check's verdict on the merges of :func:`_merging_to_4xcp4_3xcp8`: it agrees,
+    the target's mean ``proposed_mean_s`` against 1 s here (P90s twice the means)."""
+    return WhatIf(
+        current=Estimate(Composition.parse("10xCP4"), 1.0, 2.0, 100),
+        candidates=(),
+        proposed=Estimate(
+            Composition.parse("4xCP4+3xCP8"), proposed_mean_s, 2 * proposed_mean_s, 100
+        ),
+        verdict="agree",
+    )
+
+
 def test_a_move_that_passes_a_composition_the_shadows_find_worse_is_held_back(
     model: PrefillModel,
 ) -> None:
@@ -435,13 +448,8 @@ def test_a_decisive_estimate_is_held_to_the_shadows_on_its_own_window(
     (no shadows served it) a decisive estimate goes through, as it did before."""
     trace = generate(SyntheticConfig(duration_s=120.0, mean_rate=12.0, max_length=8192), seed=1)
     c, obs, ops = _merging_to_4xcp4_3xcp8(model, shadow_warmup_s=5.0)
-    current, target = Composition.parse("10xCP4"), Composition.parse("4xCP4+3xCP8")
-    check = WhatIf(
-        current=Estimate(current, 1.0, 2.0, 100),
-        candidates=(),
-        proposed=Estimate(target, 0.8, 1.6, 100),
-        verdict="agree",
-    )
+    current = Composition.parse("10xCP4")
+    check = _agreeing(0.8)
     assert c.shadows is not None
     c.shadows.follow(
         Composition.parse(x) for x in ("10xCP4", "8xCP4+1xCP8", "6xCP4+2xCP8", "2xCP4+4xCP8")
@@ -453,8 +461,7 @@ def test_a_decisive_estimate_is_held_to_the_shadows_on_its_own_window(
     c._compared = ()  # no older comparison: the window's decides
     assert c._shadow_veto(c.state, obs, ops, check) is True
     # A gain below whatif_decisive is held to the older comparisons (none here).
-    mild = replace(check, proposed=Estimate(target, 0.95, 1.9, 100))
-    assert c._shadow_veto(c.state, obs, ops, mild) is False
+    assert c._shadow_veto(c.state, obs, ops, _agreeing(0.95)) is False
 
 
 def test_a_move_between_windows_is_held_to_the_shadows_as_one_at_a_window(
@@ -466,13 +473,7 @@ def test_a_move_between_windows_is_held_to_the_shadows_as_one_at_a_window(
     between them undid the shadows' move at once, three times in one run (the
     toolagent moderate cell on 256 GPUs, docs/benchmarks/adaptive.md)."""
     c, obs, ops = _merging_to_4xcp4_3xcp8(model)
-    current, target = Composition.parse("10xCP4"), Composition.parse("4xCP4+3xCP8")
-    check = WhatIf(
-        current=Estimate(current, 1.0, 2.0, 100),
-        candidates=(),
-        proposed=Estimate(target, 0.95, 1.9, 100),
-        verdict="agree",
-    )
+    check = _agreeing(0.95)
 
     class Replays:  # the check's replays, whose verdict _check gives below
         def __enter__(self) -> Replays:
