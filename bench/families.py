@@ -337,17 +337,20 @@ def _ratios(runs: dict[str, Any]) -> tuple[str, str, float, float]:
     )
 
 
+def _best(runs: dict[str, Any]) -> tuple[dict[str, Any], float, float]:
+    """The fixed compositions' runs, their best mean and their best P90."""
+    fixed = {k: v for k, v in runs.items() if k != "vertumnus-adaptive"}
+    mean = min(v["mean_ttft_s"] for v in fixed.values())
+    return fixed, mean, min(v["p90_ttft_s"] for v in fixed.values())
+
+
 def _fixed_within(cell: dict[str, Any]) -> set[str]:
     """The fixed compositions within 1 % of the cell's best on both mean and P90."""
-    runs = cell["runs"]
-    best_mean, best_p90, _, _ = _ratios(runs)
-    mean, p90 = runs[best_mean]["mean_ttft_s"], runs[best_p90]["p90_ttft_s"]
+    fixed, mean, p90 = _best(cell["runs"])
     return {
         k
-        for k, v in runs.items()
-        if k != "vertumnus-adaptive"
-        and v["mean_ttft_s"] <= 1.01 * mean
-        and v["p90_ttft_s"] <= 1.01 * p90
+        for k, v in fixed.items()
+        if v["mean_ttft_s"] <= 1.01 * mean and v["p90_ttft_s"] <= 1.01 * p90
     }
 
 
@@ -359,16 +362,13 @@ def least_regret(cell: dict[str, Any]) -> tuple[str, float, float]:
     belong to different compositions, every fixed one has a regret above 1, and a
     controller that settles on one composition does no better than the least (up to
     the noise of one run)."""
-    runs = cell["runs"]
-    best_mean, best_p90, ratio_mean, ratio_p90 = _ratios(runs)
-    mean, p90 = runs[best_mean]["mean_ttft_s"], runs[best_p90]["p90_ttft_s"]
-    regret = {
-        k: max(v["mean_ttft_s"] / mean, v["p90_ttft_s"] / p90)
-        for k, v in runs.items()
-        if k != "vertumnus-adaptive"
-    }
-    least = min(regret, key=lambda k: regret[k])
-    return least, regret[least], max(ratio_mean, ratio_p90)
+    fixed, mean, p90 = _best(cell["runs"])
+
+    def regret(run: dict[str, Any]) -> float:
+        return max(run["mean_ttft_s"] / mean, run["p90_ttft_s"] / p90)
+
+    least = min(fixed, key=lambda k: regret(fixed[k]))
+    return least, regret(fixed[least]), regret(cell["runs"]["vertumnus-adaptive"])
 
 
 def verdict(cells: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -442,9 +442,7 @@ def with_stored_fixed(copy: dict[str, Any], stored: dict[str, Any], r: int) -> d
 def shortlist(cell: dict[str, Any], near: float) -> set[str]:
     """The fixed compositions of ``cell`` within ``near`` (a fraction) of its best mean
     or of its best P90: those the later copies serve (``--near``)."""
-    fixed = {k: v for k, v in cell["runs"].items() if k != "vertumnus-adaptive"}
-    mean = min(v["mean_ttft_s"] for v in fixed.values())
-    p90 = min(v["p90_ttft_s"] for v in fixed.values())
+    fixed, mean, p90 = _best(cell["runs"])
     return {
         k
         for k, v in fixed.items()
@@ -535,8 +533,7 @@ def regret_table(cells: Sequence[dict[str, Any]]) -> str:
     for c in cells:
         name, least, mine = least_regret(c)
         run = c["runs"][name]
-        mean = c["runs"][c["best_fixed_mean"]]["mean_ttft_s"]
-        p90 = c["runs"][c["best_fixed_p90"]]["p90_ttft_s"]
+        _, mean, p90 = _best(c["runs"])
         load = c["load"] if c.get("draw") is None else f"{c['load']}, draw {c['draw']}"
         rows.append(
             f"| {c['family']} | {load} | {name.split(':')[1]} | "
@@ -660,7 +657,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.judge:
         return judge(args.judge)
-    parse_planner_settings(args.planner)  # fail early on a bad setting
+    control = parse_planner_settings(args.planner)  # fail early on a bad setting
     stored: dict[tuple[str, str, int | None], dict[str, Any]] = {}
     if args.fixed_from:
         earlier = json.loads(Path(args.fixed_from).read_text())
@@ -692,12 +689,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         ap.error(f"--fixed-from {args.fixed_from}: no cell {missing[0]} (family, load, draw)")
 
-    lattice = [
-        f"vertumnus:{c}"
-        for c in fixed_compositions(
-            args.gpus, parse_planner_settings(args.planner), args.lattice_step
-        )
-    ]
+    lattice = [f"vertumnus:{c}" for c in fixed_compositions(args.gpus, control, args.lattice_step)]
 
     def skipped(cell: tuple[str, str, int | None], r: int) -> tuple[str, ...]:
         """The fixed runs copy ``r`` of ``cell`` does not make: for the copies the stored
