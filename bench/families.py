@@ -325,16 +325,11 @@ def fixed_compositions(
 
 def _ratios(runs: dict[str, Any]) -> tuple[str, str, float, float]:
     """The best fixed composition by mean and by P90, and adaptive's ratios to them."""
-    fixed = {k: v for k, v in runs.items() if k != "vertumnus-adaptive"}
+    fixed, mean, p90 = _best(runs)
     best_mean = min(fixed, key=lambda k: fixed[k]["mean_ttft_s"])
     best_p90 = min(fixed, key=lambda k: fixed[k]["p90_ttft_s"])
     ad = runs["vertumnus-adaptive"]
-    return (
-        best_mean,
-        best_p90,
-        ad["mean_ttft_s"] / fixed[best_mean]["mean_ttft_s"],
-        ad["p90_ttft_s"] / fixed[best_p90]["p90_ttft_s"],
-    )
+    return best_mean, best_p90, ad["mean_ttft_s"] / mean, ad["p90_ttft_s"] / p90
 
 
 def _best(runs: dict[str, Any]) -> tuple[dict[str, Any], float, float]:
