@@ -464,6 +464,24 @@ def test_a_decisive_estimate_is_held_to_the_shadows_on_its_own_window(
     assert c._shadow_veto(c.state, obs, ops, _agreeing(0.95)) is False
 
 
+def test_a_decisive_estimate_is_held_to_the_shadows_over_minutes_too(
+    model: PrefillModel,
+) -> None:
+    """A decisive gain on the whole window, no change of arrivals found, is a burst
+    of a steady load: the shadows' comparison over minutes holds it back as it
+    holds any other move, even where none of them served the window (the toolagent
+    moderate cell on 256 GPUs split on its bursts' windows and stood split for
+    minutes, docs/benchmarks/adaptive.md). After a change of arrivals none is held."""
+    c, obs, ops = _merging_to_4xcp4_3xcp8(model)
+    check = _agreeing(0.8)
+    assert c.shadows is not None and not c.shadows.compare(Composition.parse("10xCP4"), 0.0)
+    for gain, held in ((-0.05, True), (0.05, False)):
+        c._compared = (Comparison(Composition.parse("6xCP4+2xCP8"), 1000, 300.0, gain, gain),)
+        assert c._shadow_veto(c.state, obs, ops, check) is held, gain
+    c._compared = (Comparison(Composition.parse("6xCP4+2xCP8"), 1000, 300.0, -0.05, -0.05),)
+    assert c._shadow_veto(c.state, obs, ops, replace(check, since_s=5.0)) is False
+
+
 def test_a_move_between_windows_is_held_to_the_shadows_as_one_at_a_window(
     model: PrefillModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -480,13 +480,15 @@ class Controller:
         Asked at every look that moves, between windows too (a decisive estimate
         moves there; the shadows' own look and move are a window's).
 
+        - Every move is held to their last comparison, over ``shadow_min_s`` at least.
         - A move the window's estimate finds decisive (``whatif_decisive``, on the
-          whole window) is held to the shadows' comparison on that window's requests
-          alone: a shift within the window is what a decisive gain is let through
-          for, and the shadows served the same requests. A cold replay's bias is
-          not a reason (docs/benchmarks/adaptive.md, "A decisive estimate asks the
-          shadows about its own window").
-        - Any other is held to their last comparison, over ``shadow_min_s`` at least.
+          whole window) is also held to the shadows' comparison on that window's
+          requests alone: the shadows served the same requests warm, so a shift
+          within the window shows there too and a cold replay's bias does not
+          (docs/benchmarks/adaptive.md, "A decisive estimate asks the shadows about
+          its own window"). With no change of arrivals found, such a gain is a
+          burst of a steady load, and minutes say whether it lasts ("A burst's
+          decisive estimate is held to minutes").
         - After a change of arrivals (the estimate on the requests since it) none is
           held: the shadows have not compared enough of the new load.
 
@@ -508,15 +510,15 @@ class Controller:
             decisive = bool(found) and cur > 0 and 1.0 - found[0].mean_s / cur >= ps.whatif_decisive
         there = probes.along(before.layout, obs.workers, _direction(ops), ps, target=target)
         on_way = {target, *(st.composition for steps in there for st in steps)}
+        views = [(list(self._compared), ps.shadow_min_s)]
         if decisive:
-            compared = self.shadows.compare(
+            window = self.shadows.compare(
                 before.layout.composition, self.shadows.now_s - ps.window_s
             )
-            min_s = ps.window_s / 2
-        else:
-            compared, min_s = list(self._compared), ps.shadow_min_s
+            views.append((window, ps.window_s / 2))
         return any(
             c.composition in on_way and c.span_s >= min_s and c.weighed(ps.whatif_lean_p90) < 0.0
+            for compared, min_s in views
             for c in compared
         )
 
