@@ -404,6 +404,7 @@ def _merging_to_4xcp4_3xcp8(
     )
     ops = tuple(st.op for st in planner.free_path(layout, (), "merge", ps, obs.workers, limit=3))
     assert c._after(layout, ops) == Composition.parse("4xCP4+3xCP8")
+    c._compared_with = layout.composition  # the comparisons the tests set are against it
     return c, obs, ops
 
 
@@ -437,6 +438,19 @@ def test_a_move_that_passes_a_composition_the_shadows_find_worse_is_held_back(
     ):
         c._compared = (Comparison(Composition.parse(comp), 1000, span_s, gain, gain),)
         assert c._shadow_veto(c.state, obs, ops, None) is held, (comp, gain, span_s)
+
+
+def test_a_comparison_against_the_composition_before_a_move_holds_nothing(
+    model: PrefillModel,
+) -> None:
+    """Between a move and the next window's look the shadows' last comparison is
+    against the composition the pool left: it says nothing about a move from the
+    one it has now."""
+    c, obs, ops = _merging_to_4xcp4_3xcp8(model)
+    c._compared = (Comparison(Composition.parse("6xCP4+2xCP8"), 1000, 300.0, -0.05, -0.05),)
+    assert c._shadow_veto(c.state, obs, ops, None) is True
+    c._compared_with = Composition.parse("8xCP4+1xCP8")  # the pool's before a move
+    assert c._shadow_veto(c.state, obs, ops, None) is False
 
 
 def test_a_decisive_estimate_is_held_to_the_shadows_on_its_own_window(

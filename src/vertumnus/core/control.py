@@ -251,6 +251,8 @@ class Controller:
         """When the last move the shadows did not decide started: they compare since."""
         self._compared: tuple[shadow.Comparison, ...] = ()
         """The shadows' last comparisons (at the last boundary)."""
+        self._compared_with: Composition | None = None
+        """The composition those compared against (the pool's at that boundary)."""
         self._statistics: deque[float] = deque(
             maxlen=max(1, round(settings.whatif_change_memory_s / settings.hop))
         )
@@ -480,7 +482,8 @@ class Controller:
         Asked at every look that moves, between windows too (a decisive estimate
         moves there; the shadows' own look and move are a window's).
 
-        - Every move is held to their last comparison, over ``shadow_min_s`` at least.
+        - Every move is held to their last comparison, over ``shadow_min_s`` at least,
+          if it is against the composition the pool has.
         - A move the window's estimate finds decisive (``whatif_decisive``, on the
           whole window) is also held to the shadows' comparison on that window's
           requests alone: the shadows served the same requests warm, so a shift
@@ -510,7 +513,10 @@ class Controller:
             decisive = bool(found) and cur > 0 and 1.0 - found[0].mean_s / cur >= ps.whatif_decisive
         there = probes.along(before.layout, obs.workers, _direction(ops), ps, target=target)
         on_way = {target, *(st.composition for steps in there for st in steps)}
-        views = [(list(self._compared), ps.shadow_min_s)]
+        # Their last comparison only if it is against the composition the pool has
+        # now: between a move and the next window's look it is the one before.
+        fresh = self._compared_with == before.layout.composition
+        views = [(list(self._compared) if fresh else [], ps.shadow_min_s)]
         if decisive:
             window = self.shadows.compare(
                 before.layout.composition, self.shadows.now_s - ps.window_s
@@ -551,6 +557,7 @@ class Controller:
         paths = probes.ends(self._along(layout, obs.workers))
         self.shadows.follow({current, *paths["split"], *paths["merge"]})
         compared = self._compared = tuple(self.shadows.compare(current, self._anchor_s))
+        self._compared_with = current
         if ops or self.shadows.now_s - self._moved_s < ps.shadow_min_s:
             return compared, ()
         w, m = ps.whatif_lean_p90, ps.shadow_margin
