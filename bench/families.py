@@ -83,6 +83,10 @@ composition may meet both within 1 %; the second table then gives the yardstick 
 controller holding one composition at a time can reach: the fixed composition of
 least regret, the worse of its two ratios (:func:`least_regret`).
 
+Each cell's line comes when all its copies are served; on a large pool that is
+tens of minutes (a copy at 1,024 GPUs and moderate load serves ten pools of
+half a million requests or more), and ``--progress`` prints a line as each simulation ends.
+
 Writes ``docs/benchmarks/adaptive_families.json`` (``--out``) and prints the
 tables. Simulated TTFTs are deterministic; only the wall times vary. ``--judge
 FILE`` prints an earlier output's tables and verdict, judged by this file's rules,
@@ -258,13 +262,25 @@ def run_replica(
     skip: Collection[str] = (),
     gpus: int = GPUS,
     lattice_step: int = 1,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Adaptive and the fixed lattice compositions on copy ``r`` of one (family,
     load[, draw]) on ``gpus`` GPUs: every one, or (``lattice_step``) every
     that-many-th of them in the lattice's order, and its last; those named in
     ``skip`` (``vertumnus:COMPOSITION``: their runs taken from an earlier output,
-    or left out, ``--near``) excepted."""
+    or left out, ``--near``) excepted. ``progress``: a line on stderr as each
+    simulation ends (a copy at 1,024 GPUs serves for tens of minutes)."""
     trace, scale = workload(family, load, draw, gpus)
+
+    def done(name: str, run: dict[str, Any]) -> None:
+        if progress:
+            print(
+                f"    {family} {load} draw {draw} copy {r}: {name} mean "
+                f"{run['mean_ttft_s']:.4f} s, P90 {run['p90_ttft_s']:.4f} s ({run['wall_s']:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+
     trace = replica(trace, r)
     model = load_model()
     control = parse_planner_settings(planner_text)
@@ -285,6 +301,7 @@ def run_replica(
         **decision_ms(ctl.decision_cost_s, ctl.own_decision_cost_s()),
         "wall_s": time.perf_counter() - t0,
     }
+    done("vertumnus-adaptive", runs["vertumnus-adaptive"])
     lattice = fixed_compositions(gpus, control, lattice_step)
     for comp in (c for c in lattice if f"vertumnus:{c}" not in skip):
         t0 = time.perf_counter()
@@ -298,6 +315,7 @@ def run_replica(
             "mean_busy_fraction": sum(out.busy_fraction.values()) / len(out.busy_fraction),
             "wall_s": time.perf_counter() - t0,
         }
+        done(str(comp), runs[f"vertumnus:{comp}"])
     return {
         "family": family,
         "role": FAMILIES[family][0],
@@ -491,7 +509,7 @@ def combine(copies: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _copy(
-    args: tuple[str, str, str, bool, int | None, int, tuple[str, ...], int, int],
+    args: tuple[str, str, str, bool, int | None, int, tuple[str, ...], int, int, bool],
 ) -> dict[str, Any]:
     return run_replica(*args)
 
@@ -642,7 +660,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run every K-th fixed composition of the lattice and its last (default 1: "
         "all; a 256-GPU CP4/CP8 lattice has 33)",
     )
-    ap.add_argument("--jobs", type=int, default=2, help="simulations in parallel (default 2)")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=2,
+        help="cell copies served in parallel, each its simulations in turn (default 2)",
+    )
+    ap.add_argument(
+        "--progress",
+        action="store_true",
+        help="a line on stderr as each simulation ends (each cell's line comes when all "
+        "its copies have)",
+    )
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument(
         "--judge",
@@ -708,6 +737,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             skipped((f, ld, d), r),
             args.gpus,
             args.lattice_step,
+            args.progress,
         )  # fmt: skip
         for f, ld, d in cells_needed
         for r in range(args.replicas)

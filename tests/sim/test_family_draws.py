@@ -231,6 +231,29 @@ def test_a_finer_lattice_runs_only_the_fixed_compositions_the_stored_file_lacks(
     assert whole["runs"][first]["mean_ttft_s"] == cell["runs"][first]["mean_ttft_s"]
 
 
+def test_progress_prints_a_line_as_each_simulation_of_a_copy_ends(monkeypatch, capsys):
+    from vertumnus.core import planner
+    from vertumnus.sim.synthetic import SyntheticConfig, generate
+
+    f = bench_script("families.py")
+    tiny = generate(SyntheticConfig(duration_s=60.0, mean_rate=2.0), seed=3)
+    monkeypatch.setattr(f, "workload", lambda family, load, draw, gpus: (tiny, 1.0))
+    lattice = f.fixed_compositions(40, planner.PlannerSettings())
+    stored = tuple(f"vertumnus:{c}" for c in lattice[2:])
+    f.run_replica("toolagent", "light", "", True, None, 0, stored)
+    assert capsys.readouterr().err == ""
+    cell = f.run_replica("toolagent", "light", "", True, None, 0, stored, progress=True)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(": ")[1].split()[0] for line in lines] == [
+        "vertumnus-adaptive",
+        str(lattice[0]),
+        str(lattice[1]),
+    ]
+    first = cell["runs"][f"vertumnus:{lattice[0]}"]
+    assert lines[1].strip().startswith("toolagent light draw None copy 0:")
+    assert f"mean {first['mean_ttft_s']:.4f} s" in lines[1]
+
+
 def test_where_no_fixed_composition_meets_both_the_least_regret_is_the_yardstick(tmp_path, capsys):
     f = bench_script("families.py")
 
