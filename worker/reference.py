@@ -24,7 +24,3 @@ def reference_hidden(model: Model, tokens: Sequence[int]) -> torch.Tensor:
         q, k, v = model.qkv(layer, h, positions)
         h = model.after_attention(layer, h, chunk_attention(q, k, v, scale))
     return model.final_norm(h)
-
-
-def reference_first_token(model: Model, tokens: Sequence[int]) -> int:
-    return int(model.logits(reference_hidden(model, tokens)[-1]).argmax())

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -176,10 +176,6 @@ class SyntheticConfig:
             )
         if self.system_prompt_zipf < 0:
             raise ValueError("SyntheticConfig.system_prompt_zipf must be >= 0")
-
-    @classmethod
-    def option_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> SyntheticConfig:
