@@ -38,6 +38,8 @@ worker").
     python bench/whatif_vs_sim.py --trace synthetic:preset=toolagent,mean_rate=44,duration_s=900 \\
         --no-reuse 4.5
     python bench/whatif_vs_sim.py --family toolagent --load moderate --draw 1 --ties first
+    python bench/whatif_vs_sim.py --family toolagent --load moderate --draw 0 --gpus 256 \
+        --windows 20 --compositions 62xCP4+1xCP8,64xCP4
     python bench/whatif_vs_sim.py --family mooncake --load light --draw 2 --windows 20 \
         --compositions 6xCP4+2xCP8,8xCP4+1xCP8,10xCP4 --decompose
     python bench/whatif_vs_sim.py --trace ../shared/traces/mooncake/conversation_trace.jsonl \
@@ -85,7 +87,7 @@ def _stream(args: argparse.Namespace) -> tuple[Trace, float]:
         return trace, args.skip_s
     if not (args.family and args.load):
         raise SystemExit("give --trace SPEC, or --family and --load (and --draw)")
-    trace, _ = families.workload(args.family, args.load, args.draw)
+    trace, _ = families.workload(args.family, args.load, args.draw, args.gpus)
     return trace, families.WARMUP_S if args.draw is not None else args.skip_s
 
 
@@ -340,6 +342,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--family", choices=sorted(families.FAMILIES))
     ap.add_argument("--load", choices=sorted(families.LOADS))
     ap.add_argument("--draw", type=int, help="the family cell's draw (scored after its warm-up)")
+    ap.add_argument(
+        "--gpus",
+        type=int,
+        default=families.GPUS,
+        help=f"with --family: the pool the cell's rate is scaled to (default {families.GPUS}; "
+        "--compositions must be of as many GPUs)",
+    )
     ap.add_argument("--phases", help="with --trace: reshape it, as `vertumnus simulate --phases`")
     ap.add_argument("--seed", type=int, default=0, help="the seed of --phases (default 0)")
     ap.add_argument(
@@ -372,6 +381,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--no-reuse wants a positive scale, got {args.no_reuse}")
     if args.windows is not None and args.windows <= 0:
         ap.error(f"--windows wants a positive length in seconds, got {args.windows}")
+    if args.gpus < 1:
+        ap.error(f"--gpus wants a positive count, got {args.gpus}")
+    if args.family and any(sum(c.degrees) != args.gpus for c in comps):
+        ap.error(f"--compositions must each be of --gpus {args.gpus} GPUs, got {args.compositions}")
     if args.phases and not args.trace:
         ap.error("--phases reshapes --trace; give --trace too")
     trace, skip = _stream(args)

@@ -112,6 +112,27 @@ def test_bad_arguments_are_refused_by_name(capsys):
     assert "--phases reshapes --trace" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="--trace SPEC"):
         b.main([])
+    with pytest.raises(SystemExit):
+        b.main(["--family", "toolagent", "--load", "light", "--gpus", "256"])
+    assert "--compositions must each be of --gpus 256 GPUs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        b.main(["--family", "toolagent", "--load", "light", "--gpus", "0"])
+    assert "--gpus" in capsys.readouterr().err
+
+
+def test_a_family_cell_is_scaled_to_the_gpus_asked_for(monkeypatch):
+    b = bench_script("whatif_vs_sim.py")
+    asked = []
+
+    def workload(family, load, draw=None, gpus=b.families.GPUS):
+        asked.append((family, load, draw, gpus))
+        raise SystemExit("stop here")
+
+    monkeypatch.setattr(b.families, "workload", workload)
+    with pytest.raises(SystemExit, match="stop here"):
+        b.main(["--family", "toolagent", "--load", "light", "--draw", "1", "--gpus", "256",
+                "--compositions", "62xCP4+1xCP8,64xCP4"])  # fmt: skip
+    assert asked == [("toolagent", "light", 1, 256)]
 
 
 def test_the_first_idle_replay_breaks_ties_as_placement_did():
