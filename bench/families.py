@@ -270,7 +270,6 @@ def run_replica(
     ``skip`` (``vertumnus:COMPOSITION``: their runs taken from an earlier output,
     or left out, ``--near``) excepted. ``progress``: a line on stderr as each
     simulation ends (a copy at 1,024 GPUs serves for tens of minutes)."""
-    trace, scale = workload(family, load, draw, gpus)
 
     def done(name: str, run: dict[str, Any]) -> None:
         if progress:
@@ -281,6 +280,7 @@ def run_replica(
                 flush=True,
             )
 
+    trace, scale = workload(family, load, draw, gpus)
     trace = replica(trace, r)
     model = load_model()
     control = parse_planner_settings(planner_text)

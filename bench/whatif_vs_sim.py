@@ -38,7 +38,7 @@ worker").
     python bench/whatif_vs_sim.py --trace synthetic:preset=toolagent,mean_rate=44,duration_s=900 \\
         --no-reuse 4.5
     python bench/whatif_vs_sim.py --family toolagent --load moderate --draw 1 --ties first
-    python bench/whatif_vs_sim.py --family toolagent --load moderate --draw 0 --gpus 256 \
+    python bench/whatif_vs_sim.py --family toolagent --load moderate --draw 0 --gpus 256 \\
         --windows 20 --compositions 62xCP4+1xCP8,64xCP4
     python bench/whatif_vs_sim.py --family mooncake --load light --draw 2 --windows 20 \
         --compositions 6xCP4+2xCP8,8xCP4+1xCP8,10xCP4 --decompose
