@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--windows wants a positive length in seconds, got {args.windows}")
     if args.gpus < 1:
         ap.error(f"--gpus wants a positive count, got {args.gpus}")
-    if args.family and any(sum(c.degrees) != args.gpus for c in comps):
+    if args.family and any(c.gpus != args.gpus for c in comps):
         ap.error(f"--compositions must each be of --gpus {args.gpus} GPUs, got {args.compositions}")
     if args.phases and not args.trace:
         ap.error("--phases reshapes --trace; give --trace too")
