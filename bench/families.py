@@ -60,11 +60,13 @@ composition over the copies (the noise floor).
 (``--fixed-from`` a file with fewer copies runs the fixed pools of the copies it lacks;
 one with a coarser ``--lattice-step``, the compositions it lacks.)
 
-``--gpus N`` runs every cell on an N-GPU pool at the same load per GPU (its
-rates scale with N); a large pool's lattice has dozens of compositions, and
-``--lattice-step K`` runs every K-th of them (and the last) fixed. The best of
-those is then no better than the lattice's best: a ratio to it flatters adaptive,
-which may end anywhere on the lattice. At 256 GPUs a cell's copy takes ~5 min
+``--gpus N`` runs every cell on an N-GPU pool at the same load per GPU: its
+rate scales with N, carried by ``ceil(N / 40)`` populations of users, each as
+fast as on 40 GPUs (``--spread compress``, the figures before 2026-12-07: the
+same users N / 40 times faster; :func:`workload`). A large pool's lattice has
+dozens of compositions, and ``--lattice-step K`` runs every K-th of them (and
+the last) fixed. The best of those is then no better than the lattice's best: a
+ratio to it flatters adaptive, which may end anywhere on the lattice. At 256 GPUs a cell's copy takes ~5 min
 with ``--lattice-step 4`` (9 fixed pools of 33)::
 
     python bench/families.py --gpus 256 --lattice-step 4 --draws 0 --out /tmp/f256.json
@@ -97,6 +99,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -115,6 +118,7 @@ from vertumnus.core.types import Composition
 from vertumnus.profiles import load_model
 from vertumnus.sim.engine import PoolConfig, Simulation
 from vertumnus.sim.phases import apply_phases
+from vertumnus.sim.populations import population
 from vertumnus.sim.prefixes import PrefixOptions, with_prefixes
 from vertumnus.sim.reconfig import AdaptiveOptions, ExecutorSettings, build_adaptive
 from vertumnus.sim.runner import parse_planner_settings
@@ -163,8 +167,24 @@ def offered_load(trace: Trace, gpus: int = GPUS) -> float:
     return work / (max(trace.duration_s, 1e-9) * gpus)
 
 
+SPREADS = ("populations", "compress")
+"""How a pool larger than ``GPUS`` gets its load (:func:`workload`)."""
+
+
+def _stream(source: Trace, scale: float, draw: int | None) -> Trace:
+    """``source`` resampled at rate ``scale``: the stored table's first ``DURATION_S``
+    (``draw=None``) or draw ``draw``'s warm-up and scored stretch (:func:`workload`)."""
+    if draw is None:
+        trace, _ = apply_phases(source, f"{DURATION_S:g}s:rate={scale:.6g}", seed=0)
+        return trace
+    start = draw * DURATION_S
+    stream, _ = apply_phases(source, f"{start + WARMUP_S + DURATION_S:g}s:rate={scale:.6g}", seed=0)
+    moved = [replace(r, arrival_s=r.arrival_s - start) for r in stream if r.arrival_s >= start]
+    return stream.with_requests(moved, name=f"{stream.name}@draw{draw}")
+
+
 def workload(
-    family: str, load: str, draw: int | None = None, gpus: int = GPUS
+    family: str, load: str, draw: int | None = None, gpus: int = GPUS, spread: str = "populations"
 ) -> tuple[Trace, float]:
     """The family's source resampled at ``load`` on ``gpus`` GPUs, and the rate scale.
 
@@ -179,16 +199,28 @@ def workload(
     Draws 0, 1, 2… score stretches of the source that follow one another; each
     is resampled on its own, so where one ends and the next begins agree only
     to the resampling's few percent.
+
+    A pool of more than ``GPUS`` GPUs needs a higher rate.
+    ``spread="populations"`` (the default) serves it ``ceil(gpus / GPUS)``
+    populations of users (:func:`vertumnus.sim.populations.population`), each at
+    that share of the rate: more users, each as fast as on the 40-GPU pool.
+    ``"compress"`` (how the 256- and 1,024-GPU figures before 2026-12-07 were
+    made) compresses the one source in time, so a conversation's turns come
+    ``gpus / GPUS`` times faster than on 40 GPUs: a toolagent session's next step
+    0.15 s after the last at 256 GPUs (moderate load, the median), before that
+    step's prefill has ended (docs/benchmarks/adaptive.md, "Larger
+    pools from more users").
     """
+    if spread not in SPREADS:
+        raise ValueError(f"spread {spread!r}: expected one of {', '.join(SPREADS)}")
     source = FAMILIES[family][1]()
     scale = LOADS[load] / offered_load(source, gpus)
-    if draw is None:
-        trace, _ = apply_phases(source, f"{DURATION_S:g}s:rate={scale:.6g}", seed=0)
-        return trace, scale
-    start = draw * DURATION_S
-    stream, _ = apply_phases(source, f"{start + WARMUP_S + DURATION_S:g}s:rate={scale:.6g}", seed=0)
-    moved = [replace(r, arrival_s=r.arrival_s - start) for r in stream if r.arrival_s >= start]
-    return stream.with_requests(moved, name=f"{stream.name}@draw{draw}"), scale
+    n = 1 if spread == "compress" else max(1, math.ceil(gpus / GPUS))
+    if n == 1:
+        return _stream(source, scale, draw), scale
+    streams = [_stream(population(source, c, n), scale / n, draw) for c in range(n)]
+    merged = (r for t in streams for r in t.requests)
+    return streams[0].with_requests(merged, name=f"{streams[0].name}x{n}"), scale
 
 
 def scored(completions: Sequence[Completion], draw: int | None) -> list[Completion]:
@@ -263,6 +295,7 @@ def run_replica(
     gpus: int = GPUS,
     lattice_step: int = 1,
     progress: bool = False,
+    spread: str = "populations",
 ) -> dict[str, Any]:
     """Adaptive and the fixed lattice compositions on copy ``r`` of one (family,
     load[, draw]) on ``gpus`` GPUs: every one, or (``lattice_step``) every
@@ -280,7 +313,7 @@ def run_replica(
                 flush=True,
             )
 
-    trace, scale = workload(family, load, draw, gpus)
+    trace, scale = workload(family, load, draw, gpus, spread)
     trace = replica(trace, r)
     model = load_model()
     control = parse_planner_settings(planner_text)
@@ -509,7 +542,7 @@ def combine(copies: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _copy(
-    args: tuple[str, str, str, bool, int | None, int, tuple[str, ...], int, int, bool],
+    args: tuple[str, str, str, bool, int | None, int, tuple[str, ...], int, int, bool, str],
 ) -> dict[str, Any]:
     return run_replica(*args)
 
@@ -653,6 +686,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"the pool's GPUs (default {GPUS}); the loads are per GPU, so the rates scale",
     )
     ap.add_argument(
+        "--spread",
+        choices=SPREADS,
+        default="populations",
+        help=f"how a pool of more than {GPUS} GPUs gets its rate: more users, each as fast "
+        "as on 40 GPUs (populations, the default), or the same users faster (compress, the "
+        "figures before 2026-12-07)",
+    )
+    ap.add_argument(
         "--lattice-step",
         type=_positive("--lattice-step"),
         default=1,
@@ -692,11 +733,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             or not set(args.draws or ()) <= set(drawn or ())
             or stored_replicas > args.replicas
             or earlier.get("gpus", GPUS) != args.gpus
+            or (args.gpus > GPUS and earlier.get("spread", "compress") != args.spread)
         ):
             ap.error(
                 f"--fixed-from {args.fixed_from}: draws {earlier.get('draws')}, "
-                f"{stored_replicas} replicas and {earlier.get('gpus', GPUS)} GPUs, this run "
-                f"{args.draws}, {args.replicas} and {args.gpus}"
+                f"{stored_replicas} replicas, {earlier.get('gpus', GPUS)} GPUs and spread "
+                f"{earlier.get('spread', 'compress')}, this run {args.draws}, {args.replicas}, "
+                f"{args.gpus} and {args.spread}"
             )
         stored = {(c["family"], c["load"], c["draw"]): c for c in earlier["cells"]}
     else:
@@ -738,6 +781,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.gpus,
             args.lattice_step,
             args.progress,
+            args.spread,
         )  # fmt: skip
         for f, ld, d in cells_needed
         for r in range(args.replicas)
@@ -765,6 +809,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d"),
         "command": " ".join(["python bench/families.py", *(argv or sys.argv[1:])]),
         "gpus": args.gpus,
+        "spread": args.spread,
         "lattice_step": args.lattice_step,
         "loads": LOADS,
         "planner": args.planner or "defaults",

@@ -87,7 +87,7 @@ def _stream(args: argparse.Namespace) -> tuple[Trace, float]:
         return trace, args.skip_s
     if not (args.family and args.load):
         raise SystemExit("give --trace SPEC, or --family and --load (and --draw)")
-    trace, _ = families.workload(args.family, args.load, args.draw, args.gpus)
+    trace, _ = families.workload(args.family, args.load, args.draw, args.gpus, args.spread)
     return trace, families.WARMUP_S if args.draw is not None else args.skip_s
 
 
@@ -348,6 +348,13 @@ def main(argv: list[str] | None = None) -> int:
         default=families.GPUS,
         help=f"with --family: the pool the cell's rate is scaled to (default {families.GPUS}; "
         "--compositions must be of as many GPUs)",
+    )
+    ap.add_argument(
+        "--spread",
+        choices=families.SPREADS,
+        default="populations",
+        help="with --gpus over the family's: more users (populations, the default) or the same "
+        "ones faster (compress, the figures before 2026-12-07)",
     )
     ap.add_argument("--phases", help="with --trace: reshape it, as `vertumnus simulate --phases`")
     ap.add_argument("--seed", type=int, default=0, help="the seed of --phases (default 0)")

@@ -145,7 +145,15 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
         "--rate-scale",
         type=_positive_float,
         default=1.0,
-        help="compress arrivals by X (2 = twice the request rate)",
+        help="compress arrivals by X (2 = twice the request rate, every user twice as fast)",
+    )
+    p.add_argument(
+        "--populations",
+        type=_positive_int,
+        default=1,
+        help="serve N populations of the trace's users side by side, each with its own "
+        "prefixes and its arrivals rotated: N times the rate, each conversation at its own "
+        "pace (for a pool larger than the trace's; applied before --phases and --rate-scale)",
     )
     p.add_argument(
         "--length-scale",
@@ -256,6 +264,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.requests is not None:
         trace = Trace(trace.name, trace.requests[: args.requests], trace.block_size)
     trace = scale_lengths(trace, args.length_scale, args.max_tokens)
+    if args.populations > 1:
+        from vertumnus.sim.populations import populations
+
+        trace = populations(trace, args.populations)
     phases: tuple[tuple[float, float, str], ...] = ()
     if args.phases:
         from vertumnus.sim.phases import apply_phases
@@ -299,6 +311,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "requests": len(trace),
             "duration_s": trace.duration_s,
             "rate_scale": args.rate_scale,
+            "populations": args.populations,
         },
         "settings": {
             "profile": model.name,

@@ -183,6 +183,19 @@ def test_mooncake_runs_through_the_cli(tmp_path):
     assert json.loads(out.read_text())["policies"]["least-work:4xCP4+3xCP8"]["requests"] == 12031
 
 
+def test_populations_multiply_the_users_through_the_cli(tmp_path):
+    runs = {}
+    for n in (1, 3):
+        out = tmp_path / f"p{n}.json"
+        argv = ["simulate", "--trace", "synthetic:duration_s=60", "--populations", str(n)]
+        assert main([*argv, "--compare", "vertumnus:4xCP4+3xCP8", "--json", str(out)]) == 0
+        runs[n] = json.loads(out.read_text())
+    assert runs[3]["trace"]["requests"] == 3 * runs[1]["trace"]["requests"]
+    assert runs[3]["trace"]["populations"] == 3
+    p = run("simulate", "--populations", "0")
+    assert p.returncode == 2 and "--populations" in p.stderr
+
+
 def test_adaptive_and_phases_through_the_cli(tmp_path):
     out = tmp_path / "a.json"
     rc = main(

@@ -178,7 +178,24 @@ def test_fixed_runs_of_other_draws_or_copies_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         families.main(["--fixed-from", str(earlier), "--draws", "0,1", "--replicas", "3",
                        "--gpus", "256"])  # fmt: skip
-    assert "40 GPUs, this run [0, 1], 3 and 256" in capsys.readouterr().err
+    assert (
+        "40 GPUs and spread compress, this run [0, 1], 3, 256 and populations"
+        in capsys.readouterr().err
+    )
+    # Fixed runs of a large pool whose users came faster (made before 2026-12-07,
+    # no spread stored), where this run has more users.
+    large = tmp_path / "large.json"
+    large.write_text('{"draws": [0], "replicas": 1, "gpus": 256, "cells": []}')
+    with pytest.raises(SystemExit):
+        families.main(["--fixed-from", str(large), "--draws", "0", "--gpus", "256"])
+    assert (
+        "256 GPUs and spread compress, this run [0], 1, 256 and populations"
+        in capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):
+        families.main(["--fixed-from", str(large), "--draws", "0", "--gpus", "256",
+                       "--spread", "compress"])  # fmt: skip
+    assert "no cell ('mooncake', 'light', 0)" in capsys.readouterr().err
     # The draws and copies match, but the earlier output has no such cell.
     with pytest.raises(SystemExit):
         families.main(["--fixed-from", str(earlier), "--draws", "1", "--replicas", "3"])
@@ -214,13 +231,52 @@ def test_a_larger_pool_gets_the_same_load_per_gpu_and_a_strided_lattice():
     assert all(sum(c.degrees) == 256 for c in strided)
 
 
+def _turn_gaps(trace) -> list[float]:
+    """Seconds from each request back to the latest earlier request that ends on one of
+    its full blocks (a conversation's previous turn, or a shared preamble's last user)."""
+    last: dict[int, float] = {}
+    gaps = []
+    for r in trace:
+        full = len(r.block_keys) - (1 if r.length % trace.block_size else 0)
+        for key in reversed(r.block_keys[1:]):
+            if key in last:
+                gaps.append(r.arrival_s - last[key])
+                break
+        if full > 0:
+            last[r.block_keys[full - 1]] = r.arrival_s
+    return gaps
+
+
+def test_a_larger_pool_gets_more_users_each_as_fast_as_on_forty_gpus():
+    import numpy as np
+
+    f = bench_script("families.py")
+    small, scale = f.workload("toolagent", "light", 0)
+    same, _ = f.workload("toolagent", "light", 0, spread="compress")
+    assert [(r.arrival_s, r.block_keys) for r in same] == [
+        (r.arrival_s, r.block_keys) for r in small
+    ]
+    more, scale4 = f.workload("toolagent", "light", 0, gpus=160)
+    faster, _ = f.workload("toolagent", "light", 0, gpus=160, spread="compress")
+    assert scale4 == pytest.approx(4 * scale)
+    assert f.offered_load(more, 160) == pytest.approx(f.LOADS["light"], rel=0.03)
+    assert [r.id for r in more] == list(range(len(more)))
+    # A conversation's next turn comes as soon after its last as on 40 GPUs with
+    # more users, four times sooner with the same users faster.
+    base = np.median(_turn_gaps(small))
+    assert np.median(_turn_gaps(more)) == pytest.approx(base, rel=0.2)
+    assert np.median(_turn_gaps(faster)) < 0.4 * base
+    with pytest.raises(ValueError, match="spread 'wider'"):
+        f.workload("toolagent", "light", 0, gpus=160, spread="wider")
+
+
 def test_a_finer_lattice_runs_only_the_fixed_compositions_the_stored_file_lacks(monkeypatch):
     from vertumnus.core import planner
     from vertumnus.sim.synthetic import SyntheticConfig, generate
 
     f = bench_script("families.py")
     tiny = generate(SyntheticConfig(duration_s=60.0, mean_rate=2.0), seed=3)
-    monkeypatch.setattr(f, "workload", lambda family, load, draw, gpus: (tiny, 1.0))
+    monkeypatch.setattr(f, "workload", lambda family, load, draw, gpus, spread: (tiny, 1.0))
     lattice = f.fixed_compositions(40, planner.PlannerSettings())
     stored = tuple(f"vertumnus:{c}" for c in lattice[1:])
     cell = f.run_replica("toolagent", "light", "", True, None, 0, stored)
@@ -237,7 +293,7 @@ def test_progress_prints_a_line_as_each_simulation_of_a_copy_ends(monkeypatch, c
 
     f = bench_script("families.py")
     tiny = generate(SyntheticConfig(duration_s=60.0, mean_rate=2.0), seed=3)
-    monkeypatch.setattr(f, "workload", lambda family, load, draw, gpus: (tiny, 1.0))
+    monkeypatch.setattr(f, "workload", lambda family, load, draw, gpus, spread: (tiny, 1.0))
     lattice = f.fixed_compositions(40, planner.PlannerSettings())
     stored = tuple(f"vertumnus:{c}" for c in lattice[2:])
     f.run_replica("toolagent", "light", "", True, None, 0, stored)

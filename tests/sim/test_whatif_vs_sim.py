@@ -124,15 +124,15 @@ def test_a_family_cell_is_scaled_to_the_gpus_asked_for(monkeypatch):
     b = bench_script("whatif_vs_sim.py")
     asked = []
 
-    def workload(family, load, draw=None, gpus=b.families.GPUS):
-        asked.append((family, load, draw, gpus))
+    def workload(family, load, draw=None, gpus=b.families.GPUS, spread="populations"):
+        asked.append((family, load, draw, gpus, spread))
         raise SystemExit("stop here")
 
     monkeypatch.setattr(b.families, "workload", workload)
     with pytest.raises(SystemExit, match="stop here"):
         b.main(["--family", "toolagent", "--load", "light", "--draw", "1", "--gpus", "256",
                 "--compositions", "62xCP4+1xCP8,64xCP4"])  # fmt: skip
-    assert asked == [("toolagent", "light", 1, 256)]
+    assert asked == [("toolagent", "light", 1, 256, "populations")]
 
 
 def test_the_first_idle_replay_breaks_ties_as_placement_did():
