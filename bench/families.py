@@ -66,8 +66,8 @@ fast as on 40 GPUs (``--spread compress``, the figures before 2026-12-07: the
 same users N / 40 times faster; :func:`workload`). A large pool's lattice has
 dozens of compositions, and ``--lattice-step K`` runs every K-th of them (and
 the last) fixed. The best of those is then no better than the lattice's best: a
-ratio to it flatters adaptive, which may end anywhere on the lattice. At 256 GPUs a cell's copy takes ~5 min
-with ``--lattice-step 4`` (9 fixed pools of 33)::
+ratio to it flatters adaptive, which may end anywhere on the lattice. At 256 GPUs
+a cell's copy takes ~5 min with ``--lattice-step 4`` (9 fixed pools of 33)::
 
     python bench/families.py --gpus 256 --lattice-step 4 --draws 0 --out /tmp/f256.json
 
@@ -215,7 +215,7 @@ def workload(
         raise ValueError(f"spread {spread!r}: expected one of {', '.join(SPREADS)}")
     source = FAMILIES[family][1]()
     scale = LOADS[load] / offered_load(source, gpus)
-    n = 1 if spread == "compress" else max(1, math.ceil(gpus / GPUS))
+    n = 1 if spread == "compress" else math.ceil(gpus / GPUS)
     if n == 1:
         return _stream(source, scale, draw), scale
     streams = [_stream(population(source, c, n), scale / n, draw) for c in range(n)]

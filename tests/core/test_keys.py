@@ -10,6 +10,8 @@ import pytest
 from vertumnus.core.keys import (
     block_content_hash,
     chain_block_hashes,
+    mix64,
+    remap_keys,
     salt_of,
     token_block_keys,
 )
@@ -51,3 +53,14 @@ def test_keys_chain_the_whole_prefix() -> None:
 def test_block_size_must_be_positive() -> None:
     with pytest.raises(ValueError, match="block size"):
         token_block_keys([1, 2, 3], 0)
+
+
+def test_remapped_keys_keep_their_equalities_in_a_space_of_their_own() -> None:
+    chains = [chain_block_hashes(range(k)) for k in (3, 5, 8)]  # prefixes of one chain
+    salt = salt_of("another key space")
+    moved = [remap_keys(c, salt) for c in chains]
+    assert [m[:3] for m in moved] == [moved[0]] * 3  # shared prefixes stay shared
+    assert len(set(moved[2])) == len(set(chains[2]))
+    assert not set(moved[2]) & set(chains[2])
+    assert moved[2] == tuple(mix64(k ^ salt) for k in chains[2])
+    assert remap_keys((), salt) == ()

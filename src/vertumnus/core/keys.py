@@ -37,6 +37,7 @@ __all__ = [
     "chain_many",
     "mix64",
     "mix64_array",
+    "remap_keys",
     "salt_of",
     "token_block_keys",
 ]
@@ -139,6 +140,21 @@ def mix64_array(x: np.ndarray) -> np.ndarray:
     x = (x ^ (x >> _S30)) * _C_MUL1
     x = (x ^ (x >> _S27)) * _C_MUL2
     return x ^ (x >> _S31)
+
+
+def remap_keys(keys: tuple[int, ...], salt: int) -> tuple[int, ...]:
+    """``keys`` moved into another key space: ``mix64(key ^ salt)``, a bijection, so
+    equal keys stay equal and distinct ones distinct (a trace's prefix reuse survives
+    the move, and none of it is shared with the keys it came from).
+
+    Take ``salt`` from :func:`salt_of` (a hash of a name), not from ``mix64`` of a
+    small number: a chained key is ``mix64(parent ^ mix64(block))``, so with the salt
+    ``mix64(c)`` a key became the key of its own child wherever a block id equalled
+    ``c`` (traces number their blocks 0, 1, 2, ...) and one key stood at two positions.
+    """
+    if not keys:
+        return keys
+    return tuple(mix64_array(np.array(keys, dtype=np.uint64) ^ np.uint64(salt)).tolist())
 
 
 def chain_many(hash_lists: Sequence[Sequence[int]], salt: int = 0) -> list[tuple[int, ...]]:

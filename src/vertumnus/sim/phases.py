@@ -52,7 +52,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from vertumnus.core.keys import mix64_array, salt_of
+from vertumnus.core.keys import remap_keys, salt_of
 from vertumnus.core.types import Request
 from vertumnus.sim.traces import Trace
 
@@ -144,20 +144,6 @@ def parse_phases(spec: str) -> list[Phase]:
     return phases * repeat
 
 
-def _salted(keys: tuple[int, ...], cycle: int) -> tuple[int, ...]:
-    """Keys of ``cycle`` >= 1: a bijection per cycle keeps equal keys equal, distinct distinct.
-
-    The salt is a hash of a name, not ``mix64(cycle)``: a chained key is
-    ``mix64(parent ^ mix64(block))``, so with that salt a key of cycle c
-    became the key of its own child wherever a block id equalled c (traces
-    number their blocks 0, 1, 2, ...) and one key stood at two positions.
-    """
-    if not keys:
-        return keys
-    salt = np.uint64(salt_of(f"vertumnus.sim.phases/cycle/{cycle}"))
-    return tuple(mix64_array(np.array(keys, dtype=np.uint64) ^ salt).tolist())
-
-
 def apply_phases(
     trace: Trace,
     phases: str | Sequence[Phase],
@@ -178,9 +164,7 @@ def apply_phases(
     if n < 2 or trace.duration_s <= 0:
         raise ValueError(f"trace {trace.name!r} spans no time; cannot derive a rate to shape")
     t0 = src[0].arrival_s
-    # The source repeats with this period; the mean gap after the last
-    # request makes the wrap-around look like any other inter-arrival gap.
-    period = trace.duration_s * n / (n - 1)
+    period = trace.period_s
     base_rate = n / period
     is_long = [r.length > long_threshold for r in src]
     has_long, has_short = any(is_long), not all(is_long)
@@ -224,7 +208,12 @@ def apply_phases(
             t = min(max(t, start), math.nextafter(end, start))
             cycle, i = divmod(j, n)
             r = src[i]
-            keys = r.block_keys if cycle == 0 else _salted(r.block_keys, cycle)
+            # Each cycle a key space of its own: reuse within a cycle, none across.
+            keys = (
+                r.block_keys
+                if cycle == 0
+                else remap_keys(r.block_keys, salt_of(f"vertumnus.sim.phases/cycle/{cycle}"))
+            )
             out.append(replace(r, id=len(out), arrival_s=t, block_keys=keys))
         window_start, cursor = window_end, next_index
         start = end

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
-
-from vertumnus.core.keys import mix64_array, salt_of
+from vertumnus.core.keys import remap_keys, salt_of
 from vertumnus.sim.traces import Trace
 
 __all__ = ["population", "populations"]
@@ -35,9 +33,9 @@ def population(trace: Trace, c: int, n: int) -> Trace:
     """Population ``c`` of ``n``: ``trace`` rotated by ``c / n`` of its period, its
     block keys salted by ``c``; population 0 is ``trace`` itself.
 
-    The period is the trace's span plus its mean gap, as
-    :func:`~vertumnus.sim.phases.apply_phases` cycles it, so the gap across the
-    wrap looks like any other; arrivals stay within a period of the trace's first.
+    The period is :attr:`Trace.period_s`, as
+    :func:`~vertumnus.sim.phases.apply_phases` cycles the trace; arrivals stay
+    within a period of the trace's first.
     """
     if not 0 <= c < n:
         raise ValueError(f"population {c} of {n}: expected 0 <= population < {n}")
@@ -47,16 +45,14 @@ def population(trace: Trace, c: int, n: int) -> Trace:
     if len(src) < 2 or trace.duration_s <= 0:
         raise ValueError(f"trace {trace.name!r} spans no time; cannot rotate it into populations")
     t0 = src[0].arrival_s
-    period = trace.duration_s * len(src) / (len(src) - 1)
+    period = trace.period_s
     shift = c * period / n
-    salt = np.uint64(salt_of(f"vertumnus.sim.populations/{c}"))
+    salt = salt_of(f"vertumnus.sim.populations/{c}")
     moved = [
         replace(
             r,
             arrival_s=t0 + (r.arrival_s - t0 - shift) % period,
-            block_keys=tuple(mix64_array(np.array(r.block_keys, dtype=np.uint64) ^ salt).tolist())
-            if r.block_keys
-            else (),
+            block_keys=remap_keys(r.block_keys, salt),
         )
         for r in src
     ]

@@ -143,6 +143,13 @@ class Trace:
         return self.requests[-1].arrival_s - self.requests[0].arrival_s
 
     @property
+    def period_s(self) -> float:
+        """The trace's span plus its mean gap: the period it repeats with when cycled,
+        so the gap across the wrap looks like any other (needs two requests or more)."""
+        n = len(self.requests)
+        return self.duration_s * n / (n - 1)
+
+    @property
     def total_tokens(self) -> int:
         """Sum of input lengths."""
         return sum(r.length for r in self.requests)
