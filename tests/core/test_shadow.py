@@ -265,6 +265,10 @@ def test_shadow_settings_are_validated() -> None:
         PlannerSettings(shadow_margin=1.5)
     with pytest.raises(ValueError, match="shadow_max_gpus"):
         PlannerSettings(shadow_max_gpus=-1)
+    with pytest.raises(ValueError, match="shadow_restart_s"):
+        PlannerSettings(shadow_restart_s=-1.0)
+    with pytest.raises(ValueError, match="shadow_restart_s"):
+        PlannerSettings(shadow_restart_s=float("nan"))
 
 
 def shadowed(model: PrefillModel, comp: str, ps: PlannerSettings) -> Controller:
@@ -356,7 +360,8 @@ def test_after_a_change_of_arrivals_the_shadows_compare_only_what_came_since(
     model: PrefillModel,
 ) -> None:
     """Ten minutes at a light load, then five at five times the rate: once the what-if
-    check finds the change, the shadows' comparisons leave out the light minutes
+    check finds the change and the new rate has lasted a minute
+    (``shadow_restart_s``), the shadows' comparisons leave out the light minutes
     (another load's evidence), so they neither move the pool on them nor veto the
     check's moves with them."""
 
@@ -379,12 +384,51 @@ def test_after_a_change_of_arrivals_the_shadows_compare_only_what_came_since(
         (w["end_s"], w["shadow"]) for w in sim.attachments["controller"].windows if w.get("shadow")
     ]
     before = [spans for end, spans in compared if 500 < end <= 600]
-    after = [(end, spans) for end, spans in compared if end > 610]
+    after = [(end, spans) for end, spans in compared if end > 670]
     assert before and after
     assert all(c["span_s"] > 400 for spans in before for c in spans)  # minutes of light load
     for end, spans in after:  # the change found within a hop or two of 600 s
         assert all(c["span_s"] <= end - 595.0 for c in spans), (end, spans)
     assert max(c["span_s"] for _, spans in after for c in spans) >= 200  # and compared since
+
+
+def test_a_burst_does_not_restart_the_shadows_comparison(model: PrefillModel) -> None:
+    """Ten minutes at a light load with 15 s at five times the rate in their middle:
+    the check finds the burst as a change of arrivals, but a minute after it
+    (``shadow_restart_s``) the rate is back where it was, so the shadows' comparison
+    keeps the minutes before it. With ``shadow_restart_s`` 0 the burst restarts it."""
+
+    def steady(seconds: float, rate: float, seed: int) -> Trace:
+        config = SyntheticConfig(
+            duration_s=seconds, mean_rate=rate, max_length=8192, peak_to_trough=1.0
+        )
+        return generate(config, seed=seed)
+
+    parts = [(0.0, steady(400.0, 3.0, 4)), (400.0, steady(15.0, 15.0, 5))]
+    parts.append((415.0, steady(385.0, 3.0, 6)))
+    requests = [replace(q, arrival_s=start + q.arrival_s) for start, t in parts for q in t.requests]
+    requests = [replace(q, id=i) for i, q in enumerate(requests)]
+    trace = replace(parts[0][1], requests=requests)
+
+    def spans(restart_s: float) -> list[tuple[float, float]]:
+        ps = PlannerSettings(
+            shadow=True, shadow_warmup_s=10.0, shadow_min_s=60.0, shadow_restart_s=restart_s
+        )
+        sim = build_adaptive(trace, model, AdaptiveOptions(control=ps, history_s=None))
+        sim.run(trace.requests)
+        ctl = sim.attachments["controller"]
+        assert any(w["whatif"]["change_statistic"] for w in ctl.windows if w.get("whatif"))
+        return [
+            (w["end_s"], max(c["span_s"] for c in w["shadow"]))
+            for w in ctl.windows
+            if w.get("shadow")
+        ]
+
+    kept = [(end, span) for end, span in spans(60.0) if end > 405]
+    restarted = [(end, span) for end, span in spans(0.0) if end > 405]
+    assert kept and restarted
+    assert all(span > 350 for _, span in kept), kept  # the minutes before the burst
+    assert all(span <= end - 395.0 for end, span in restarted), restarted
 
 
 def _merging_to_4xcp4_3xcp8(

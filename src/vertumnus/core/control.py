@@ -151,6 +151,17 @@ detection and on which a merge looked 10–12 % better, move it the other way or
 1.6 at most (docs/benchmarks/adaptive.md, "The requests since a change decide")."""
 
 
+_RATE_SHIFT = 2.0
+"""The factor by which the median hop's arrivals over ``shadow_restart_s`` after a
+change of arrivals must differ from the median over as long before it for the
+change to restart the shadows' comparison (a change of the share of long requests
+by :data:`_SHIFT` does at once). The time-varying mixes' phase changes move it 2.8–4.3
+times; the bursty Azure code trace at 256 GPUs, whose bursts pass the detection
+every minute or two (its rate 0.07–12.6 times as high after them as before within
+the window), 0.8–1.75 times past its first minute (docs/benchmarks/adaptive.md,
+"Bursts do not restart the shadows")."""
+
+
 def _direction(ops: Sequence[planner.Op]) -> str:
     """``split`` or ``merge``: the way the operations of one move go."""
     return "split" if isinstance(ops[0], planner.Split) else "merge"
@@ -248,7 +259,19 @@ class Controller:
         self._moved_s = -math.inf
         """When (the shadows' clock: the latest arrival) the last move started."""
         self._anchor_s = -math.inf
-        """When the last move the shadows did not decide started: they compare since."""
+        """When the last move the shadows did not decide started, or the last change of
+        arrivals that moved the load as a phase does: they compare since."""
+        self._provisional: dict[int, float] = {}
+        """Changes of arrivals that moved the rate alone, not yet found to have lasted
+        or not (:meth:`_restart`): the first hop after each (a number of
+        :attr:`_hop_totals`) → when it started on the shadows' clock."""
+        self._hop_totals: deque[int] = deque(
+            maxlen=2 * math.ceil(settings.shadow_restart_s / settings.hop) + 1
+        )
+        """Requests per hop, the latest hops (enough to weigh a minute either side of a
+        change); the open hop's is appended at each :meth:`tick`."""
+        self._hops = 0
+        """Hops recorded in :attr:`_hop_totals` so far (the open one's number + 1)."""
         self._compared: tuple[shadow.Comparison, ...] = ()
         """The shadows' last comparisons (at the last boundary)."""
         self._compared_with: Composition | None = None
@@ -393,6 +416,8 @@ class Controller:
                     sample.requests,
                 )
             self.capacity = self.learner.profile()
+        self._hop_totals.append(sum(self.windows.hop_counts()[-1]))
+        self._hops += 1
         if not self.windows.ready:
             self.windows.close_hop()
             return None
@@ -427,9 +452,8 @@ class Controller:
             if replays is not None:
                 check, ops = self._check(before, obs, ops, replays, boundary, since)
                 check, ops = self._damp(before, goal, check, ops)
-        if self.shadows is not None and since is not None and since.change is not None:
-            # A change of arrivals: what the shadows served before it was another load.
-            self._anchor_s = max(self._anchor_s, self.shadows.now_s - since.change.hops * ps.hop)
+        if self.shadows is not None:
+            self._restart(None if since is None else since.change)
         compared: tuple[shadow.Comparison, ...] = ()
         # Every look's move, not only a window's: a decisive estimate between two
         # windows undid the shadows' move within a minute, again and again (the
@@ -582,6 +606,39 @@ class Controller:
             f"over {current} on the last {best.span_s:.0f} s"
         )
         return compared, self._begin(before, direction, best.composition, start, why)
+
+    def _restart(self, change: changepoint.Change | None) -> None:
+        """The shadows' comparison after this look's ``change`` of arrivals (None:
+        none): what they served before a change was another load's, unless the
+        change was a burst. A change that moved the share of long requests by
+        :data:`_SHIFT` restarts the comparison at once. One that moved the rate
+        alone restarts it only if it lasted: ``shadow_restart_s`` later the median
+        hop's requests over that long since the change must differ by
+        :data:`_RATE_SHIFT` from the median over as long before it (a phase: the
+        comparison then starts at the change), or nothing changes (a burst,
+        shorter than half of that). Until then the shadows compare as before: a
+        restart at each burst left them blind to it, their veto holding nothing
+        while the rules split on its utilization."""
+        assert self.shadows is not None
+        ps = self.settings
+        if change is not None:
+            at = self.shadows.now_s - change.hops * ps.hop
+            if ps.shadow_restart_s <= 0 or self._mix_moved(change, None):
+                self._anchor_s = max(self._anchor_s, at)
+            else:
+                self._provisional.setdefault(self._hops - change.hops, at)
+        span = math.ceil(ps.shadow_restart_s / ps.hop)
+        for first in [f for f in self._provisional if self._hops - f >= span]:
+            at = self._provisional.pop(first)
+            totals = list(self._hop_totals)
+            cut = len(totals) - (self._hops - first)  # the first hop after the change
+            # The median hop's requests: a burst of less than half the span on
+            # either side moves neither (the window's hops precede the change, so
+            # there is one before it at least).
+            earlier = statistics.median(totals[max(0, cut - span) : cut])
+            since = statistics.median(totals[cut : cut + span])
+            if since >= _RATE_SHIFT * earlier or _RATE_SHIFT * since <= earlier:
+                self._anchor_s = max(self._anchor_s, at)
 
     def _replays(
         self, before: planner.ControllerState, reconfiguring: bool
@@ -749,10 +806,10 @@ class Controller:
             gains += [g for comp, g in look.merges if comp == name]
         return not gains or sum(gains) >= 0.0
 
-    def _mix_moved(self, change: changepoint.Change | None, direction: str) -> bool:
+    def _mix_moved(self, change: changepoint.Change | None, direction: str | None) -> bool:
         """At ``change``, the share of long requests moved ``direction``'s way by
         :data:`_SHIFT`: up for a merge (larger degrees serve long requests), down
-        for a split. Counted on the window's hops before and since it."""
+        for a split, either for None. Counted on the window's hops before and since it."""
         if change is None:
             return False
         counts = self.windows.hop_counts()
@@ -761,9 +818,11 @@ class Controller:
         n_since, long_since = sum(s + lg for s, lg in since), sum(lg for _, lg in since)
         # Shares compared without dividing: long_since / n_since vs long_before / n_before.
         after, earlier = long_since * n_before, long_before * n_since
-        if direction == "merge":
-            return long_since > 0 and after >= _SHIFT * earlier
-        return long_before > 0 and _SHIFT * after <= earlier
+        up = long_since > 0 and after >= _SHIFT * earlier
+        down = long_before > 0 and _SHIFT * after <= earlier
+        if direction is None:
+            return up or down
+        return up if direction == "merge" else down
 
     def _moved_since(self, change: changepoint.Change | None) -> bool:
         """A move started at a look after ``change`` (made on the requests since it)."""

@@ -301,6 +301,12 @@ class PlannerSettings:
     """A comparison needs this many seconds of requests both shadows served warm,
     and the pool this many seconds since its last move. Chosen on mooncake (a
     calibration family): 180, 240 and 300 s meet 8, 8 and 7 of its 9 cells."""
+    shadow_restart_s: float = 60.0
+    """A change of arrivals that moved the rate alone (not the mix) restarts the
+    shadows' comparison only if, over this many seconds after it, the rate still
+    differs from the rate over as long before it by a factor 2 (a phase, not a
+    burst; :meth:`vertumnus.core.control.Controller._restart`), and then from
+    the change on. 0: every change restarts it at once (as before 2026-12-07)."""
     shadow_warmup_s: float = 60.0
     """A new shadow starts cold: its first this many seconds are not compared."""
     shadow_margin: float = 0.005
@@ -400,6 +406,8 @@ class PlannerSettings:
                 f"need 0 < shadow_min_s <= shadow_horizon_s, got {self.shadow_min_s}, "
                 f"{self.shadow_horizon_s}"
             )
+        if not self.shadow_restart_s >= 0:
+            raise ValueError(f"shadow_restart_s must be >= 0, got {self.shadow_restart_s}")
         if self.shadow_max_gpus < 0:
             raise ValueError(f"shadow_max_gpus must be >= 0, got {self.shadow_max_gpus}")
         if self.shadow_memory_mib < 1:
