@@ -356,6 +356,21 @@ def test_the_shadows_move_a_pool_started_on_the_wrong_shape(model: PrefillModel)
     assert any(w.get("shadow") for w in ctl.windows)
 
 
+def _steady_stretches(*stretches: tuple[float, float, float, int]) -> Trace:
+    """One trace of synthetic stretches, each (start s, seconds, requests/s, seed) at
+    a steady rate, laid end to end and numbered in order."""
+    traces = [
+        (start, generate(SyntheticConfig(
+            duration_s=seconds, mean_rate=rate, max_length=8192, peak_to_trough=1.0
+        ), seed=seed))
+        for start, seconds, rate, seed in stretches
+    ]  # fmt: skip
+    requests = [
+        replace(q, arrival_s=start + q.arrival_s) for start, t in traces for q in t.requests
+    ]
+    return replace(traces[0][1], requests=[replace(q, id=i) for i, q in enumerate(requests)])
+
+
 def test_after_a_change_of_arrivals_the_shadows_compare_only_what_came_since(
     model: PrefillModel,
 ) -> None:
@@ -365,18 +380,7 @@ def test_after_a_change_of_arrivals_the_shadows_compare_only_what_came_since(
     (another load's evidence), so they neither move the pool on them nor veto the
     check's moves with them."""
 
-    def steady(seconds: float, rate: float, seed: int) -> Trace:
-        config = SyntheticConfig(
-            duration_s=seconds, mean_rate=rate, max_length=8192, peak_to_trough=1.0
-        )
-        return generate(config, seed=seed)
-
-    light, heavy = steady(600.0, 3.0, 4), steady(300.0, 15.0, 5)
-    n = len(light.requests)
-    requests = [*light.requests] + [
-        replace(q, id=n + i, arrival_s=600.0 + q.arrival_s) for i, q in enumerate(heavy.requests)
-    ]
-    trace = replace(light, requests=requests)
+    trace = _steady_stretches((0.0, 600.0, 3.0, 4), (600.0, 300.0, 15.0, 5))
     ps = PlannerSettings(shadow=True, shadow_warmup_s=10.0, shadow_min_s=60.0)
     sim = build_adaptive(trace, model, AdaptiveOptions(control=ps, history_s=None))
     sim.run(trace.requests)
@@ -398,17 +402,7 @@ def test_a_burst_does_not_restart_the_shadows_comparison(model: PrefillModel) ->
     (``shadow_restart_s``) the rate is back where it was, so the shadows' comparison
     keeps the minutes before it. With ``shadow_restart_s`` 0 the burst restarts it."""
 
-    def steady(seconds: float, rate: float, seed: int) -> Trace:
-        config = SyntheticConfig(
-            duration_s=seconds, mean_rate=rate, max_length=8192, peak_to_trough=1.0
-        )
-        return generate(config, seed=seed)
-
-    parts = [(0.0, steady(400.0, 3.0, 4)), (400.0, steady(15.0, 15.0, 5))]
-    parts.append((415.0, steady(385.0, 3.0, 6)))
-    requests = [replace(q, arrival_s=start + q.arrival_s) for start, t in parts for q in t.requests]
-    requests = [replace(q, id=i) for i, q in enumerate(requests)]
-    trace = replace(parts[0][1], requests=requests)
+    trace = _steady_stretches((0.0, 400.0, 3.0, 4), (400.0, 15.0, 15.0, 5), (415.0, 385.0, 3.0, 6))
 
     def spans(restart_s: float) -> list[tuple[float, float]]:
         ps = PlannerSettings(

@@ -416,7 +416,7 @@ class Controller:
                     sample.requests,
                 )
             self.capacity = self.learner.profile()
-        self._hop_totals.append(sum(self.windows.hop_counts()[-1]))
+        self._hop_totals.append(self.windows.open_hop_requests)
         self._hops += 1
         if not self.windows.ready:
             self.windows.close_hop()
@@ -628,9 +628,10 @@ class Controller:
             else:
                 self._provisional.setdefault(self._hops - change.hops, at)
         span = math.ceil(ps.shadow_restart_s / ps.hop)
-        for first in [f for f in self._provisional if self._hops - f >= span]:
+        due = [f for f in self._provisional if self._hops - f >= span]
+        totals = list(self._hop_totals) if due else []
+        for first in due:
             at = self._provisional.pop(first)
-            totals = list(self._hop_totals)
             cut = len(totals) - (self._hops - first)  # the first hop after the change
             # The median hop's requests: a burst of less than half the span on
             # either side moves neither (the window's hops precede the change, so

@@ -296,7 +296,7 @@ class PlannerSettings:
     shadow_horizon_s: float = 600.0
     """Seconds of requests the shadows' comparison pools (since the last move
     they did not decide, and since the last change of arrivals the what-if
-    check found)."""
+    check found that moved the mix, or the rate for ``shadow_restart_s``)."""
     shadow_min_s: float = 240.0
     """A comparison needs this many seconds of requests both shadows served warm,
     and the pool this many seconds since its last move. Chosen on mooncake (a

@@ -191,6 +191,12 @@ class ControlWindows:
             out.append((len(p.lengths) - long, long))
         return out
 
+    @property
+    def open_hop_requests(self) -> int:
+        """The requests seen in the open hop (``sum(hop_counts()[-1])``, without
+        counting every hop's long ones)."""
+        return len(self._seen.lengths)
+
     def cut(self) -> None:
         """Some of the open hop's requests will not be seen (a router replica listed
         only so many): the what-if check skips every window that holds this hop, since
