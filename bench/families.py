@@ -58,7 +58,8 @@ composition over the copies (the noise floor).
         --fixed-from docs/benchmarks/adaptive_families_replicas.json --out /tmp/six.json
 
 (``--fixed-from`` a file with fewer copies runs the fixed pools of the copies it lacks;
-one with a coarser ``--lattice-step``, the compositions it lacks.)
+one with a coarser ``--lattice-step``, the compositions it lacks; one made with
+``--near``, none of those it left out: the cell is judged on its near ones, as it was.)
 
 ``--gpus N`` runs every cell on an N-GPU pool at the same load per GPU: its
 rate scales with N, carried by ``ceil(N / 40)`` populations of users, each as
@@ -485,6 +486,27 @@ def with_stored_fixed(copy: dict[str, Any], stored: dict[str, Any], r: int) -> d
     return {**copy, "runs": runs}
 
 
+def skipped(
+    stored: dict[str, Any] | None,
+    r: int,
+    stored_replicas: int,
+    near: float | None,
+    lattice: Sequence[str],
+) -> tuple[str, ...]:
+    """The fixed runs copy ``r`` of a cell does not make, ``stored`` that cell in the
+    ``--fixed-from`` file (None: no file). For the copies the file has, those it has,
+    and those it left out (a ``--near`` file's later copies served only the near ones,
+    and the cell is judged on those again); a finer ``--lattice-step`` runs the
+    compositions it lacks. Past them none, or (``near``) those not near the stored best."""
+    if stored is not None and r < stored_replicas:
+        had = [*stored["runs"], *stored.get("left_out", {})]
+        return tuple(k for k in had if k != "vertumnus-adaptive")
+    if near is None or stored is None:
+        return ()
+    close = shortlist(stored, near)
+    return tuple(k for k in lattice if k not in close)
+
+
 def shortlist(cell: dict[str, Any], near: float) -> set[str]:
     """The fixed compositions of ``cell`` within ``near`` (a fraction) of its best mean
     or of its best P90: those the later copies serve (``--near``)."""
@@ -758,17 +780,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     lattice = [f"vertumnus:{c}" for c in fixed_compositions(args.gpus, control, args.lattice_step)]
 
-    def skipped(cell: tuple[str, str, int | None], r: int) -> tuple[str, ...]:
-        """The fixed runs copy ``r`` of ``cell`` does not make: for the copies the stored
-        file has, those it has (a finer ``--lattice-step`` runs the compositions it
-        lacks); past them none, or (``--near``) those not near the stored best."""
-        if r < stored_replicas:
-            return tuple(k for k in stored[cell]["runs"] if k != "vertumnus-adaptive")
-        if args.near is None:
-            return ()
-        near = shortlist(stored[cell], args.near)
-        return tuple(k for k in lattice if k not in near)
-
     todo = [
         (
             f,
@@ -777,7 +788,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             not args.no_rebalance,
             d,
             r,
-            skipped((f, ld, d), r),
+            skipped(stored.get((f, ld, d)), r, stored_replicas, args.near, lattice),
             args.gpus,
             args.lattice_step,
             args.progress,
@@ -798,6 +809,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if len(copies) < args.replicas:
                 continue
             cell = combine(copies)
+            key = (cell["family"], cell["load"], cell["draw"])
+            if key in stored and "left_out" in stored[key]:
+                cell["left_out"] = stored[key]["left_out"]  # judged out as the stored file did
             copies = []
             cells.append(cell)
             print(

@@ -10,6 +10,7 @@ import pytest
 
 from vertumnus.core import planner
 from vertumnus.core import shadow as shadow_mod
+from vertumnus.core.changepoint import Change
 from vertumnus.core.control import Controller, WhatIf
 from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.placement import PlacementParams
@@ -478,16 +479,26 @@ def test_a_move_that_passes_a_composition_the_shadows_find_worse_is_held_back(
         assert c._shadow_veto(c.state, obs, ops, None) is held, (comp, gain, span_s)
 
 
-def test_a_comparison_against_the_composition_before_a_move_holds_nothing(
+def test_after_a_move_the_shadows_compare_against_the_composition_the_pool_has(
     model: PrefillModel,
 ) -> None:
     """Between a move and the next window's look the shadows' last comparison is
     against the composition the pool left: it says nothing about a move from the
-    one it has now."""
-    c, obs, ops = _merging_to_4xcp4_3xcp8(model)
+    one it has now, whose shadow they compare against afresh (a decisive window one
+    hop after the shadows' own move undid it, the 256-GPU azure-code light cell)."""
+    trace = generate(SyntheticConfig(duration_s=120.0, mean_rate=12.0, max_length=8192), seed=1)
+    c, obs, ops = _merging_to_4xcp4_3xcp8(model, shadow_warmup_s=5.0, shadow_min_s=60.0)
     c._compared = (Comparison(Composition.parse("6xCP4+2xCP8"), 1000, 300.0, -0.05, -0.05),)
     assert c._shadow_veto(c.state, obs, ops, None) is True
     c._compared_with = Composition.parse("8xCP4+1xCP8")  # the pool's before a move
+    assert c._shadow_veto(c.state, obs, ops, None) is False  # its shadows served nothing
+    assert c.shadows is not None
+    c.shadows.follow(Composition.parse(x) for x in ("10xCP4", "8xCP4+1xCP8", "6xCP4+2xCP8"))
+    c.shadow_serve(trace.requests)
+    afresh = c.shadows.compare(Composition.parse("10xCP4"))
+    assert afresh and all(x.span_s >= 60.0 and x.weighed(0.5) < 0 for x in afresh)
+    assert c._shadow_veto(c.state, obs, ops, None) is True
+    c._anchor_s = c.shadows.now_s - 30.0  # a move the shadows did not decide, 30 s ago
     assert c._shadow_veto(c.state, obs, ops, None) is False
 
 
@@ -530,8 +541,37 @@ def test_a_decisive_estimate_is_held_to_the_shadows_over_minutes_too(
     for gain, held in ((-0.05, True), (0.05, False)):
         c._compared = (Comparison(Composition.parse("6xCP4+2xCP8"), 1000, 300.0, gain, gain),)
         assert c._shadow_veto(c.state, obs, ops, check) is held, gain
+
+
+@pytest.mark.parametrize(
+    ("last_hops", "held"),
+    [
+        ((5, 5), False),  # the long share moved: another mix, which they have not compared
+        ((50, 0), True),  # the rate alone: the first seconds of a burst, as far as they know
+    ],
+)
+def test_a_decisive_estimate_since_a_change_is_held_only_if_the_mix_did_not_move(
+    model: PrefillModel, last_hops: tuple[int, int], held: bool
+) -> None:
+    """A decisive gain on the requests since a change of arrivals moves at once where
+    the change moved the share of long requests; where it moved the rate alone it is
+    held to the shadows' minutes as a burst's is (the 256-GPU azure-code light cell
+    split at a burst's peak and stood split after it, docs/benchmarks/adaptive.md)."""
+    c, obs, ops = _merging_to_4xcp4_3xcp8(model)
+    hops = c.settings.hops_per_window
+    ids = iter(range(10_000))
+    for h in range(hops):
+        short, long = (10, 0) if h < hops - 2 else last_hops
+        for n, length in ((short, 1024), (long, 40_000)):
+            for _ in range(n):
+                r = Request(next(ids), h * c.settings.hop + 0.1, length, (next(ids),))
+                c.windows.placed(r, 0.01)
+        if h < hops - 1:
+            c.windows.close_hop()
+    assert len(c.windows.hop_counts()) == hops
+    since = replace(_agreeing(0.8), change=Change(hops=2, statistic=100.0), since_s=5.0)
     c._compared = (Comparison(Composition.parse("6xCP4+2xCP8"), 1000, 300.0, -0.05, -0.05),)
-    assert c._shadow_veto(c.state, obs, ops, replace(check, since_s=5.0)) is False
+    assert c._shadow_veto(c.state, obs, ops, since) is held
 
 
 def test_a_move_between_windows_is_held_to_the_shadows_as_one_at_a_window(

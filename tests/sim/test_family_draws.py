@@ -366,3 +366,19 @@ def test_later_copies_may_serve_only_the_compositions_near_the_best(tmp_path, ca
         with pytest.raises(SystemExit):
             f.main(["--near", bad])
         assert "--near wants a fraction" in capsys.readouterr().err
+
+
+def test_adaptive_alone_against_a_near_file_serves_no_fixed_composition_again():
+    f = bench_script("families.py")
+
+    first = copy((1.0, 2.0), (1.0, 2.3), (1.2, 2.0))
+    first["runs"]["vertumnus:C"] = {"mean_ttft_s": 1.1, "p90_ttft_s": 2.2, "token_hit_rate": 0.5}
+    near = f.combine([first, copy((1.0, 2.0), (1.1, 2.3), (1.2, 2.1))])  # C left out
+    lattice = ["vertumnus:A", "vertumnus:B", "vertumnus:C", "vertumnus:D"]
+    # Its copies: every composition it served or left out is skipped (D, which it
+    # lacks, is served: a finer lattice); past them, the near ones only.
+    for r in (0, 1):
+        assert sorted(f.skipped(near, r, 2, None, lattice)) == lattice[:3]
+    assert sorted(f.skipped(near, 2, 2, 0.05, lattice)) == ["vertumnus:C", "vertumnus:D"]
+    assert f.skipped(near, 2, 2, None, lattice) == ()
+    assert f.skipped(None, 0, 0, None, lattice) == ()

@@ -506,8 +506,9 @@ class Controller:
         Asked at every look that moves, between windows too (a decisive estimate
         moves there; the shadows' own look and move are a window's).
 
-        - Every move is held to their last comparison, over ``shadow_min_s`` at least,
-          if it is against the composition the pool has.
+        - Every move is held to their comparison against the composition the pool
+          has, over ``shadow_min_s`` at least: the last look's, or one made now if
+          the pool moved since.
         - A move the window's estimate finds decisive (``whatif_decisive``, on the
           whole window) is also held to the shadows' comparison on that window's
           requests alone: the shadows served the same requests warm, so a shift
@@ -516,8 +517,15 @@ class Controller:
           its own window"). With no change of arrivals found, such a gain is a
           burst of a steady load, and minutes say whether it lasts ("A burst's
           decisive estimate is held to minutes").
-        - After a change of arrivals (the estimate on the requests since it) none is
-          held: the shadows have not compared enough of the new load.
+        - After a change of arrivals that moved the share of long requests
+          (:meth:`_mix_moved`; the estimate on the requests since it) none is held:
+          the shadows have not compared enough of the new load. One that moved the
+          rate alone is held as a burst is: such a change restarts their
+          comparison only once it has lasted (:meth:`_restart`), and on a bursty
+          trace a burst's first seconds are such a change (the 256-GPU azure-code
+          light cell split at a burst's peak, paid the transition there and stood
+          split after it; docs/benchmarks/adaptive.md, "A burst's change of rate
+          is held to minutes too").
 
         The shadows follow a few steps of each path, not every one (three merges on
         a path of five land where none is); along a path the TTFT rises on both
@@ -525,7 +533,7 @@ class Controller:
         the target is worse too."""
         ps = self.settings
         assert self.shadows is not None
-        if check is not None and check.since_s is not None:
+        if check is not None and check.since_s is not None and self._mix_moved(check.change, None):
             return False
         target = self.state.target or self._after(before.layout, ops)
         decisive = False
@@ -537,14 +545,19 @@ class Controller:
             decisive = bool(found) and cur > 0 and 1.0 - found[0].mean_s / cur >= ps.whatif_decisive
         there = probes.along(before.layout, obs.workers, _direction(ops), ps, target=target)
         on_way = {target, *(st.composition for steps in there for st in steps)}
-        # Their last comparison only if it is against the composition the pool has
-        # now: between a move and the next window's look it is the one before.
-        fresh = self._compared_with == before.layout.composition
-        views = [(list(self._compared) if fresh else [], ps.shadow_min_s)]
+        # Their comparison against the composition the pool has now: the last look's,
+        # or, between a move and the next window's look (the last look's is against
+        # the composition it left), one made now since the anchor (nothing yet after
+        # a move the shadows did not decide). Without it, a decisive window one hop
+        # after the shadows' own move undid it (the 256-GPU azure-code light cell).
+        current = before.layout.composition
+        if self._compared_with == current:
+            minutes = list(self._compared)
+        else:
+            minutes = self.shadows.compare(current, self._anchor_s)
+        views = [(minutes, ps.shadow_min_s)]
         if decisive:
-            window = self.shadows.compare(
-                before.layout.composition, self.shadows.now_s - ps.window_s
-            )
+            window = self.shadows.compare(current, self.shadows.now_s - ps.window_s)
             views.append((window, ps.window_s / 2))
         return any(
             c.composition in on_way and c.span_s >= min_s and c.weighed(ps.whatif_lean_p90) < 0.0
