@@ -534,7 +534,7 @@ def test_a_decisive_estimate_is_held_to_the_shadows_over_minutes_too(
     of a steady load: the shadows' comparison over minutes holds it back as it
     holds any other move, even where none of them served the window (the toolagent
     moderate cell on 256 GPUs split on its bursts' windows and stood split for
-    minutes, docs/benchmarks/adaptive.md). After a change of arrivals none is held."""
+    minutes, docs/benchmarks/adaptive.md). After a change of arrivals: the next test."""
     c, obs, ops = _merging_to_4xcp4_3xcp8(model)
     check = _agreeing(0.8)
     assert c.shadows is not None and not c.shadows.compare(Composition.parse("10xCP4"), 0.0)
