@@ -25,6 +25,11 @@ whole stretch. ``--decompose`` also splits each composition's TTFT per request i
 its wait and its prefill time, and counts the tokens reused, in the simulator and in
 the replay (window by window with ``--windows``): where the two part ways
 (docs/benchmarks/adaptive.md, "The estimate's bias on mooncake, again").
+``--cached-before anywhere`` (with ``--windows``) also replays each window with every
+prefix cached before it held by every worker at its first reuse
+(:func:`cached_before_anywhere`): where the cold windows' missing reuse, not
+queueing, is what the estimate gets wrong, this column comes closer
+(docs/benchmarks/adaptive.md, "1,024 GPUs heavy: the estimate's cold windows").
 ``--phases SPEC`` (with ``--seed``) reshapes ``--trace`` as
 ``vertumnus simulate --phases`` does. ``--ties first`` adds a third column: the replay breaking ties as placement
 did until 2026-12-04 (of equal costs the lower worker, so the first idle worker
@@ -52,6 +57,7 @@ Prints one line per composition; ~30 s per run on 2 cores.
 from __future__ import annotations
 
 import argparse
+import copy
 import heapq
 import math
 import sys
@@ -168,6 +174,22 @@ def first_idle_replay(
     return ttft
 
 
+def cached_before_anywhere(table: whatif.RequestTable) -> whatif.RequestTable:
+    """``table`` with every prefix cached before the window held by every worker at its
+    first reuse: a row that reuses a prefix no earlier row of the window carries costs
+    its cached Ê on any worker (the shipped replay, cold, charges it uncached on every
+    worker; in the pool it is cached at the worker that served the conversation
+    before). Where it goes then holds it for the rows after it, as in the replay."""
+    rows_of = np.repeat(np.arange(table.n), np.diff(table.carry_ptr))
+    first = np.full(max(1, table.n_prefixes), table.n, dtype=np.int64)
+    np.minimum.at(first, table.carry_ids, rows_of)
+    rows = np.arange(table.n)
+    before = (table.reused >= 0) & (first[np.maximum(table.reused, 0)] >= rows)
+    warm = copy.copy(table)
+    warm.miss = np.where(before, table.hit, table.miss)
+    return warm
+
+
 class Comparison(NamedTuple):
     """Per composition, mean TTFT without T_ext of the scored requests."""
 
@@ -263,16 +285,21 @@ def window_gains(
     params: PlacementParams,
     skip_s: float,
     window_s: float,
+    anywhere: bool = False,
 ) -> np.ndarray:
     """Per window (:func:`windows`), each composition's estimated gain over the first,
     the window replayed on its own as the controller replays one: rows are windows,
-    columns compositions, and the last axis the gain of the mean TTFT and of the P90."""
+    columns compositions, and the last axis the gain of the mean TTFT and of the P90.
+    ``anywhere``: the prefixes cached before each window hit anywhere
+    (:func:`cached_before_anywhere`)."""
     model = load_model()
     degrees = sorted({d for c in comps for d in c.degrees})
     gains = []
     for inside in windows(requests, skip_s, window_s):
         rows = replay_rows(inside, cached, -math.inf, math.inf)
         table = whatif.RequestTable(rows, block_size, model, degrees)
+        if anywhere:
+            table = cached_before_anywhere(table)
         found = [whatif.estimate(table, c, params) for c in comps]
         first = found[0]
         gains.append([[1.0 - e.mean_s / first.mean_s, 1.0 - e.p90_s / first.p90_s] for e in found])
@@ -336,6 +363,15 @@ def decompose(
     return parts
 
 
+def _warm(gains: np.ndarray | None, i: int, which: int) -> str:
+    """The ``--cached-before anywhere`` windows' gain of composition ``i`` (mean TTFT:
+    ``which`` 0, P90: 1), to follow the cold windows' on their line ("" without it)."""
+    if gains is None or not len(gains):
+        return ""
+    col = gains[:, i, which]
+    return f"   cached before anywhere: mean {col.mean():+.1%}, sd {col.std():.1%}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--trace", help="a trace spec, as `vertumnus simulate --trace` takes")
@@ -378,6 +414,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=("first",),
         help="first: also the replay with placement's former tie-break (the first idle worker)",
     )
+    ap.add_argument(
+        "--cached-before",
+        choices=("anywhere",),
+        help="with --windows: also the window replays with every prefix cached before the "
+        "window held by every worker at its first reuse (the shipped replay starts cold)",
+    )
     args = ap.parse_args(argv)
     try:
         comps = [Composition.parse(c) for c in args.compositions.split(",")]
@@ -392,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--gpus wants a positive count, got {args.gpus}")
     if args.family and any(c.gpus != args.gpus for c in comps):
         ap.error(f"--compositions must each be of --gpus {args.gpus} GPUs, got {args.compositions}")
+    if args.cached_before and not args.windows:
+        ap.error("--cached-before changes the window replays; give --windows too")
     if args.phases and not args.trace:
         ap.error("--phases reshapes --trace; give --trace too")
     trace, skip = _stream(args)
@@ -411,6 +455,13 @@ def main(argv: list[str] | None = None) -> int:
         gains = window_gains(
             requests, got.cached, trace.block_size, comps, params, skip, args.windows
         )
+        warm = (
+            window_gains(
+                requests, got.cached, trace.block_size, comps, params, skip, args.windows, True
+            )
+            if args.cached_before
+            else None
+        )
         print(
             f"{len(gains)} windows of {args.windows:g} s replayed one by one; gain over the first:"
         )
@@ -419,9 +470,10 @@ def main(argv: list[str] | None = None) -> int:
             sim_p90 = 1.0 - got.sim_p90_s[i] / got.sim_p90_s[0]
             print(
                 f"  {str(comp):<16} mean TTFT: simulator, whole {sim_gain:+.1%}   windows: mean "
-                f"{gains[:, i, 0].mean():+.1%}, sd {gains[:, i, 0].std():.1%}\n"
-                f"  {'':<16} P90 TTFT:  simulator, whole {sim_p90:+.1%}   windows: mean "
-                f"{gains[:, i, 1].mean():+.1%}, sd {gains[:, i, 1].std():.1%}"
+                f"{gains[:, i, 0].mean():+.1%}, sd {gains[:, i, 0].std():.1%}"
+                + _warm(warm, i, 0)
+                + f"\n  {'':<16} P90 TTFT:  simulator, whole {sim_p90:+.1%}   windows: mean "
+                f"{gains[:, i, 1].mean():+.1%}, sd {gains[:, i, 1].std():.1%}" + _warm(warm, i, 1)
             )
     if args.decompose:
         how = f"windows of {args.windows:g} s" if args.windows else "the whole stretch"
