@@ -27,7 +27,8 @@ the replay (window by window with ``--windows``): where the two part ways
 (docs/benchmarks/adaptive.md, "The estimate's bias on mooncake, again").
 ``--cached-before anywhere`` (with ``--windows``) also replays each window with every
 prefix cached before it held by every worker at its first reuse
-(:func:`cached_before_anywhere`): where the cold windows' missing reuse, not
+(:func:`vertumnus.core.whatif.cached_before_anywhere`, the controller's
+``whatif_cached_before``): where the cold windows' missing reuse, not
 queueing, is what the estimate gets wrong, this column comes closer
 (docs/benchmarks/adaptive.md, "1,024 GPUs heavy: the estimate's cold windows").
 ``--phases SPEC`` (with ``--seed``) reshapes ``--trace`` as
@@ -57,7 +58,6 @@ Prints one line per composition; ~30 s per run on 2 cores.
 from __future__ import annotations
 
 import argparse
-import copy
 import heapq
 import math
 import sys
@@ -174,22 +174,6 @@ def first_idle_replay(
     return ttft
 
 
-def cached_before_anywhere(table: whatif.RequestTable) -> whatif.RequestTable:
-    """``table`` with every prefix cached before the window held by every worker at its
-    first reuse: a row that reuses a prefix no earlier row of the window carries costs
-    its cached Ê on any worker (the shipped replay, cold, charges it uncached on every
-    worker; in the pool it is cached at the worker that served the conversation
-    before). Where it goes then holds it for the rows after it, as in the replay."""
-    rows_of = np.repeat(np.arange(table.n), np.diff(table.carry_ptr))
-    first = np.full(max(1, table.n_prefixes), table.n, dtype=np.int64)
-    np.minimum.at(first, table.carry_ids, rows_of)
-    rows = np.arange(table.n)
-    before = (table.reused >= 0) & (first[np.maximum(table.reused, 0)] >= rows)
-    warm = copy.copy(table)
-    warm.miss = np.where(before, table.hit, table.miss)
-    return warm
-
-
 class Comparison(NamedTuple):
     """Per composition, mean TTFT without T_ext of the scored requests."""
 
@@ -291,7 +275,7 @@ def window_gains(
     the window replayed on its own as the controller replays one: rows are windows,
     columns compositions, and the last axis the gain of the mean TTFT and of the P90.
     ``anywhere``: the prefixes cached before each window hit anywhere
-    (:func:`cached_before_anywhere`)."""
+    (:func:`vertumnus.core.whatif.cached_before_anywhere`)."""
     model = load_model()
     degrees = sorted({d for c in comps for d in c.degrees})
     gains = []
@@ -299,7 +283,7 @@ def window_gains(
         rows = replay_rows(inside, cached, -math.inf, math.inf)
         table = whatif.RequestTable(rows, block_size, model, degrees)
         if anywhere:
-            table = cached_before_anywhere(table)
+            table = whatif.cached_before_anywhere(table)
         found = [whatif.estimate(table, c, params) for c in comps]
         first = found[0]
         gains.append([[1.0 - e.mean_s / first.mean_s, 1.0 - e.p90_s / first.p90_s] for e in found])

@@ -1203,3 +1203,52 @@ def test_a_look_replays_within_its_bound_keeping_each_paths_longest_steps(model)
     assert candidates(1) == [every[1], every[4]]
     with pytest.raises(ValueError, match="whatif_rows"):
         settings(whatif_rows=0)
+
+
+def test_a_prefix_cached_before_the_window_hits_anywhere_at_its_first_reuse():
+    # r0 reuses prefix Q, which no earlier row of the window carries: it was cached
+    # before the window. The shipped replay charges it uncached; with
+    # ``cached_before_anywhere`` (``whatif_cached_before``) it costs its cached Ê on whichever worker takes it.
+    # r1 reuses Q after r0 carried it: a hit at r0's worker either way. r2 reuses
+    # prefix P, which r1 carries first: not cached before the window, so a miss at
+    # the other (idle) worker and a hit at r1's, both ways.
+    model = load_model()
+    q = tuple(range(1, 21))  # 20 blocks of 512
+    p = (*q, 50, 51)
+    rows = [
+        (0.0, 10752, 10240, (*q, 99)),
+        (100.0, 11264, 10240, p),
+        (200.0, 11776, 11264, (*p, 52)),
+    ]
+    table = whatif.RequestTable(rows, 512, model, (4,))
+    warm = whatif.cached_before_anywhere(table)
+    assert warm.hit.tolist() == table.hit.tolist()
+    assert warm.miss[0, 0] == table.hit[0, 0] < table.miss[0, 0]
+    assert warm.miss[0, 1:].tolist() == table.miss[0, 1:].tolist()
+    assert table is not warm and table.miss[0, 0] > table.hit[0, 0]  # the original kept
+    fixed = PlacementParams(beta=1.0, lam=0.0, beta_busy=1.0)
+    pool = Composition.parse("2xCP4")
+    cold, hot = whatif.estimate(table, pool, fixed), whatif.estimate(warm, pool, fixed)
+    assert cold.mean_s - hot.mean_s == pytest.approx((table.miss[0, 0] - table.hit[0, 0]) / 3)
+
+
+def test_with_whatif_cached_before_the_check_counts_prefixes_cached_before_the_window(model):
+    # Four long requests, each the next turn of a conversation whose earlier turn
+    # came before the window: 59,392 of its 60,000 tokens cached at its worker.
+    # Cold, the window's replay charges them uncached; with whatif_cached_before,
+    # cached, as the worker served them.
+    layout = planner.layout_for(Composition.parse("CP8"), 8)
+
+    def current(**kw):  # type: ignore[no-untyped-def]
+        huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
+        ps = settings(min_requests=4, **kw)
+        ctl = Controller(planner.initial_state(layout), huge, ps, model)
+        for i, t in enumerate((0.0, 5.0, 10.0, 15.0)):
+            turn = Request(i, t, 60000, tuple(range(i * 1000, i * 1000 + 118)))
+            ctl.windows.placed(turn, 1.0, 59392)
+        tick = ctl.tick({0: 0.0}, reconfiguring=False)
+        assert tick is not None and tick.whatif is not None
+        return tick.whatif.current.mean_s
+
+    assert current() == pytest.approx(model.predict(8, 60000, 0))
+    assert current(whatif_cached_before=True) == pytest.approx(model.predict(8, 608, 59392))

@@ -161,34 +161,6 @@ def test_the_first_idle_replay_breaks_ties_as_placement_did():
     assert whatif.estimate(table, pool, fixed).mean_s > (e0 + e1 + e2 + hit) / 4 + 1e-3
 
 
-def test_a_prefix_cached_before_the_window_hits_anywhere_at_its_first_reuse():
-    # r0 reuses prefix Q, which no earlier row of the window carries: it was cached
-    # before the window. The shipped replay charges it uncached; with
-    # ``cached_before_anywhere`` it costs its cached Ê on whichever worker takes it.
-    # r1 reuses Q after r0 carried it: a hit at r0's worker either way. r2 reuses
-    # prefix P, which r1 carries first: not cached before the window, so a miss at
-    # the other (idle) worker and a hit at r1's, both ways.
-    b = bench_script("whatif_vs_sim.py")
-    model = load_model()
-    q = tuple(range(1, 21))  # 20 blocks of 512
-    p = (*q, 50, 51)
-    rows = [
-        (0.0, 10752, 10240, (*q, 99)),
-        (100.0, 11264, 10240, p),
-        (200.0, 11776, 11264, (*p, 52)),
-    ]
-    table = whatif.RequestTable(rows, 512, model, (4,))
-    warm = b.cached_before_anywhere(table)
-    assert warm.hit.tolist() == table.hit.tolist()
-    assert warm.miss[0, 0] == table.hit[0, 0] < table.miss[0, 0]
-    assert warm.miss[0, 1:].tolist() == table.miss[0, 1:].tolist()
-    assert table is not warm and table.miss[0, 0] > table.hit[0, 0]  # the original kept
-    fixed = PlacementParams(beta=1.0, lam=0.0, beta_busy=1.0)
-    pool = Composition.parse("2xCP4")
-    cold, hot = whatif.estimate(table, pool, fixed), whatif.estimate(warm, pool, fixed)
-    assert cold.mean_s - hot.mean_s == pytest.approx((table.miss[0, 0] - table.hit[0, 0]) / 3)
-
-
 def test_cached_before_asks_for_windows(capsys):
     b = bench_script("whatif_vs_sim.py")
     with pytest.raises(SystemExit):

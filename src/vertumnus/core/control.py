@@ -688,6 +688,10 @@ class Controller:
         ps = self.settings
         threads = ps.whatif_threads if table.n >= 2000 else 1
         since = None if change is None else change.hops * ps.hop
+        if ps.whatif_cached_before:
+            # Prefixes cached before the table's first request: held everywhere at
+            # their first reuse (a cut at a change counts from the cut).
+            table = whatif.cached_before_anywhere(table)
         return probes.Replays(table, self.params, threads, before.layout.composition, change, since)
 
     def _change(self) -> changepoint.Change | None:

@@ -32,6 +32,7 @@ Pure: no clock, no I/O.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import math
 from collections import Counter
@@ -52,6 +53,7 @@ __all__ = [
     "RequestTable",
     "WaitingWorkers",
     "best_of",
+    "cached_before_anywhere",
     "estimate",
     "p90",
     "remember_holder",
@@ -325,6 +327,23 @@ def estimate(
         table.n,
         float(last),
     )
+
+
+def cached_before_anywhere(table: RequestTable) -> RequestTable:
+    """``table`` with every prefix cached before its first request held by every worker
+    at its first reuse (``PlannerSettings.whatif_cached_before``): a row that reuses a
+    prefix no earlier row carries costs its cached Ê on any worker, where the
+    replay, starting cold, charges it uncached on every worker (in the pool it is
+    cached at the worker that served the conversation before). Where it goes then
+    holds it for the rows after it, as in the replay. A new table; ``table`` is
+    left as it is."""
+    rows_of = np.repeat(np.arange(table.n), np.diff(table.carry_ptr))
+    first = np.full(max(1, table.n_prefixes), table.n, dtype=np.int64)
+    np.minimum.at(first, table.carry_ids, rows_of)
+    before = (table.reused >= 0) & (first[np.maximum(table.reused, 0)] >= np.arange(table.n))
+    warm = copy.copy(table)
+    warm.miss = np.ascontiguousarray(np.where(before, table.hit, table.miss))
+    return warm
 
 
 def p90(values: np.ndarray) -> float:
