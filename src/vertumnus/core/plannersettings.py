@@ -202,11 +202,11 @@ class PlannerSettings:
     against 3,696), and at heavy load the extra work queues: at 1,024 GPUs on
     mooncake heavy the cold windows find a split 3.3 % better where the
     simulator finds it 2.9 % worse, and with this −2.5 %; that pool goes from
-    1.074 / 1.057 to 1.025 / 1.052 of the best fixed composition (one copy). At
-    40 GPUs it estimates the neighbours worse (mean |bias| 2.2 → 3.8 %), and
-    the 40-GPU mooncake cells move by up to 0.7 % either way. Off until the
-    256-GPU cells and the mixes have been run with it (docs/benchmarks/adaptive.md,
-    "κ is one worker's; 1,024 GPUs heavy: the estimate's cold windows")."""
+    1.074 / 1.057 to 1.025 / 1.052 of the best fixed composition (one copy). At 40
+    GPUs it estimates the neighbours worse (mean |bias| 2.2 → 3.8 %), and 39 of
+    the 45 cells stay within 1 % on mean and P90 where 44 do without it
+    (longcontext makes round trips). Off (docs/benchmarks/adaptive.md, "κ is one
+    worker's; 1,024 GPUs heavy: the estimate's cold windows")."""
     whatif_change_memory_s: float = 240.0
     """The span of the looks whose median statistic ``whatif_change_over`` reads
     (as long as the shadows compare before they move, ``shadow_min_s``)."""

@@ -24,7 +24,9 @@ enough to ask it every window:
 
 What it leaves out, on purpose (docs/benchmarks/adaptive.md, "Workloads
 it was not tuned on"): cache capacity (beyond the :data:`HOLDERS` bound),
-prefixes cached before the window, the cache manager's replication, and
+prefixes cached before the window (unless :func:`cached_before_anywhere`
+credits them everywhere, ``PlannerSettings.whatif_cached_before``), the cache
+manager's replication, and
 what happens after the window (a move must pay back within the window it
 is judged on: a load that returns, as in a rate cycle, is not seen).
 Pure: no clock, no I/O.

@@ -143,11 +143,17 @@ def profile_capacity(
     pool of ``workers``; the shipped profile: one)."""
     per_degree = {
         d: profile_degree(
-            model, d, requests, block_size, window_s=window_s, target=target, slo=slo,
+            model,
+            d,
+            requests,
+            block_size,
+            window_s=window_s,
+            target=target,
+            slo=slo,
             workers=workers,
         )
         for d in (degrees or model.degrees)
-    }  # fmt: skip
+    }
     slo = slo or SloRule()
     return {
         "profile": model.name,
