@@ -1205,14 +1205,14 @@ def test_a_look_replays_within_its_bound_keeping_each_paths_longest_steps(model)
         settings(whatif_rows=0)
 
 
-def test_a_prefix_cached_before_the_window_hits_anywhere_at_its_first_reuse():
+def test_a_prefix_cached_before_the_window_hits_anywhere_at_its_first_reuse(model):
     # r0 reuses prefix Q, which no earlier row of the window carries: it was cached
     # before the window. The shipped replay charges it uncached; with
-    # ``cached_before_anywhere`` (``whatif_cached_before``) it costs its cached Ê on whichever worker takes it.
+    # ``cached_before_anywhere`` (``whatif_cached_before``) it costs its cached Ê
+    # on whichever worker takes it.
     # r1 reuses Q after r0 carried it: a hit at r0's worker either way. r2 reuses
     # prefix P, which r1 carries first: not cached before the window, so a miss at
     # the other (idle) worker and a hit at r1's, both ways.
-    model = load_model()
     q = tuple(range(1, 21))  # 20 blocks of 512
     p = (*q, 50, 51)
     rows = [
@@ -1220,16 +1220,18 @@ def test_a_prefix_cached_before_the_window_hits_anywhere_at_its_first_reuse():
         (100.0, 11264, 10240, p),
         (200.0, 11776, 11264, (*p, 52)),
     ]
-    table = whatif.RequestTable(rows, 512, model, (4,))
-    warm = whatif.cached_before_anywhere(table)
-    assert warm.hit.tolist() == table.hit.tolist()
-    assert warm.miss[0, 0] == table.hit[0, 0] < table.miss[0, 0]
-    assert warm.miss[0, 1:].tolist() == table.miss[0, 1:].tolist()
-    assert table is not warm and table.miss[0, 0] > table.hit[0, 0]  # the original kept
-    fixed = PlacementParams(beta=1.0, lam=0.0, beta_busy=1.0)
+    cold_table = table(model, rows, (4,))
+    warm = whatif.cached_before_anywhere(cold_table)
+    assert warm.hit.tolist() == cold_table.hit.tolist()
+    assert warm.miss[0, 0] == cold_table.hit[0, 0] < cold_table.miss[0, 0]
+    assert warm.miss[0, 1:].tolist() == cold_table.miss[0, 1:].tolist()
+    # The original kept.
+    assert cold_table is not warm and cold_table.miss[0, 0] > cold_table.hit[0, 0]
     pool = Composition.parse("2xCP4")
-    cold, hot = whatif.estimate(table, pool, fixed), whatif.estimate(warm, pool, fixed)
-    assert cold.mean_s - hot.mean_s == pytest.approx((table.miss[0, 0] - table.hit[0, 0]) / 3)
+    cold = whatif.estimate(cold_table, pool, FIXED_BETA)
+    hot = whatif.estimate(warm, pool, FIXED_BETA)
+    saved = cold_table.miss[0, 0] - cold_table.hit[0, 0]
+    assert cold.mean_s - hot.mean_s == pytest.approx(saved / 3)
 
 
 def test_with_whatif_cached_before_the_check_counts_prefixes_cached_before_the_window(model):

@@ -10,6 +10,7 @@ from vertumnus.core.costmodel import PrefillModel
 from vertumnus.core.start import history_requests
 from vertumnus.core.types import Composition, Request
 from vertumnus.profiles import capacity_from_dict, load_capacity
+from vertumnus.sim import capacity
 from vertumnus.sim.capacity import profile_degree
 from vertumnus.sim.reconfig import AdaptiveOptions, build_adaptive
 from vertumnus.sim.traces import Trace
@@ -196,7 +197,10 @@ def test_a_pool_of_workers_sustains_more_per_worker_than_one_alone(model: Prefil
     # pool meets the SLO more often, and κ per worker is at least one worker's.
     rng = np.random.default_rng(0)
     lengths = [int(rng.integers(100000, 120000)) if i % 10 == 0 else 2000 for i in range(1600)]
-    reqs = [Request(i, 0.0, n, tuple(range(i * 300, i * 300 + (n + 511) // 512))) for i, n in enumerate(lengths)]  # fmt: skip
+    reqs = [
+        Request(i, 0.0, n, tuple(range(i * 300, i * 300 + (n + 511) // 512)))
+        for i, n in enumerate(lengths)
+    ]
     loads = (0.3, 0.6, 0.95)
     alone = profile_degree(model, 4, reqs, 512, window_s=10.0, loads=loads)
     pool = profile_degree(model, 4, reqs, 512, window_s=10.0, loads=loads, workers=4)
@@ -211,8 +215,6 @@ def test_a_pool_of_workers_sustains_more_per_worker_than_one_alone(model: Prefil
 
 
 def test_the_capacity_cli_will_not_write_a_pool_measure_over_the_shipped_profile(capsys) -> None:
-    from vertumnus.sim import capacity
-
     with pytest.raises(SystemExit):
         capacity.main(["--trace", "unused.jsonl", "--workers", "4"])
     assert "give --out" in capsys.readouterr().err

@@ -29,9 +29,8 @@ one worker alone, because placement sends a request around a worker busy with
 a long prompt. Measured on the Mooncake conversation trace, κ_4 is 0.46 alone
 and 0.81–0.86 per worker in pools of 5 to 20 workers, where every degree still
 meets the target at the grid's last load (docs/benchmarks/adaptive.md, "κ is
-one worker's"). The shipped
-profile stays the one-worker measure: the paper's, and the one the
-controller's thresholds were chosen with.
+one worker's"). The shipped profile stays the one-worker measure: the paper's,
+and the one the controller's thresholds were chosen with.
 
 κ is stored as a rate (seconds of Ê per second), so one file serves any
 window length; the controller multiplies by H.
