@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import statistics
 import sys
@@ -141,6 +142,7 @@ def time_tick(
     settings = planner.PlannerSettings(**options)  # type: ignore[arg-type]
     layout = planner.layout_for(Composition.parse(comp))
     running = {s.worker: (s.worker % 7) * 0.1 for s in layout.slots}
+    ids = [s.worker for s in layout.slots]
     bank = _filled_shadows(gpus, layout, settings, block_size) if shadows else None
     # With the shadows, each repeat also times the look without them, alternately.
     banks = (None, bank) if bank is not None else (None,)
@@ -150,13 +152,17 @@ def time_tick(
     for _ in range(repeat):
         for b in banks:
             ctl = Controller(planner.initial_state(layout), CAP, settings, model, None, block_size)
+            # The worker each request went to, round robin (whatif_held starts the
+            # replays from them); a checkout from before whatif_held takes none.
+            placed_on = "worker" in inspect.signature(ctl.windows.placed).parameters
             if b is not None:
                 ctl.shadows = b  # type: ignore[assignment]  # the same, filled, every repeat
             hop_s = 20.0 / hops
             for hop in range(hops):
                 for r, cached in window:
                     if hop_s * hop <= r.arrival_s < hop_s * (hop + 1) or hops == 1:
-                        ctl.windows.placed(r, 0.01, cached)
+                        on = (ids[r.id % len(ids)],) if placed_on else ()
+                        ctl.windows.placed(r, 0.01, cached, *on)
                 if hop < hops - 1:
                     assert ctl.tick(running, reconfiguring=False) is None  # filling the window
             w0, c0 = time.perf_counter(), time.process_time()

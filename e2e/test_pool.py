@@ -534,12 +534,16 @@ def test_an_operator_run_pools_router_reports_capacity_sums_the_controller_learn
     # The listed placements: every request once, with its own length and block keys.
     assert first.placed == again.placed and second.placed == []
     assert first.placed_left_out == 0
-    assert sorted(length for _, length, _, _ in first.placed) == sorted(len(t) for t in items)
+    assert sorted(length for _, length, _, _, _ in first.placed) == sorted(len(t) for t in items)
     block = engine.block_size
-    assert sorted(keys for _, _, _, keys in first.placed) == sorted(
+    assert sorted(keys for _, _, _, keys, _ in first.placed) == sorted(
         token_block_keys(t, block) for t in items
     )
-    assert all(offset >= 0 and 0 <= cached < length for offset, length, cached, _ in first.placed)
+    assert all(
+        offset >= 0 and 0 <= cached < length for offset, length, cached, _, _ in first.placed
+    )
+    # ... each on one of the pool's workers (whatif_held starts the replays there).
+    assert {worker for *_, worker in first.placed} <= {s.worker for s in layout.slots}
     degrees = tuple(d for d in (1, 2, 4, 8) if d <= layout.domain_size)
     ps_ = planner.PlannerSettings(
         window_s=1.0,

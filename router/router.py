@@ -180,9 +180,9 @@ class _Hop:
     started_s: float = 0.0
     """When the hop began (the router's clock): the listed placements' arrivals are
     reported relative to it, so that replicas' clocks need not agree."""
-    listed: list[tuple[float, int, int, tuple[int, ...]]] = field(default_factory=list)
+    listed: list[tuple[float, int, int, tuple[int, ...], int]] = field(default_factory=list)
     """Operator-run pools: the first placements (arrival after ``started_s``, length,
-    cached tokens counted on, block keys), for the operator's what-if check."""
+    cached tokens counted on, block keys, worker), for the operator's what-if check."""
     left_out: int = 0
     """First placements beyond ``RouterSettings.report_requests``, only counted."""
 
@@ -568,6 +568,7 @@ class Router:
                             r.length,
                             decision.cached_tokens,
                             r.block_keys,
+                            decision.worker,
                         )
                     )
                 else:
@@ -969,7 +970,7 @@ class Router:
             windows = self.controller.windows
             windows.add(hop.demand_s, hop.requests, hop.long_requests, hop.long_demand_s)
             for request, cached, worker, estimate_s in hop.placed:
-                windows.seen(request, cached)
+                windows.seen(request, cached, worker)
                 self.controller.track(request, worker, estimate_s)
             if self.controller.shadows is not None:
                 # On a thread: the shadows place every request of the hop again, once

@@ -259,7 +259,9 @@ def add_services(
     return health_servicer
 
 
-def _columns(listed: Sequence[tuple[float, int, int, tuple[int, ...]]]) -> pool_pb2.PlacedColumns:
+def _columns(
+    listed: Sequence[tuple[float, int, int, tuple[int, ...], int]],
+) -> pool_pb2.PlacedColumns:
     """A hop's first placements as one message of packed columns: built on the event loop
     at every take, so a list per column rather than a message per placement (0.45× the
     time for 1,900 placements: bench/window_report.py)."""
@@ -269,6 +271,7 @@ def _columns(listed: Sequence[tuple[float, int, int, tuple[int, ...]]]) -> pool_
         cached_tokens=[row[2] for row in listed],
         key_counts=[len(row[3]) for row in listed],
         block_keys=list(itertools.chain.from_iterable(row[3] for row in listed)),
+        worker=[row[4] for row in listed],
     )
 
 

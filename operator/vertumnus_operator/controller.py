@@ -49,12 +49,12 @@ def observe(controller: Controller, window: Window) -> list[Request]:
     requests = []
     if controller.model is not None:
         whole = not window.placed_left_out
-        for i, (offset, length, cached, keys) in enumerate(window.placed):
+        for i, (offset, length, cached, keys, worker) in enumerate(window.placed):
             if length < 1:
                 whole = False  # a malformed row: not this hop's whole load
                 continue
             request = Request(i, window.started_s + max(0.0, offset), length, keys)
-            windows.seen(request, min(cached, length - 1))
+            windows.seen(request, min(cached, length - 1), worker)
             requests.append(request)
         if not whole:
             windows.cut()

@@ -48,6 +48,11 @@ class AdminError(RuntimeError):
         self.details = details
 
 
+PlacedRow = tuple[float, int, int, tuple[int, ...], int]
+"""A first placement a router listed: (offset, length, cached tokens, block keys, worker;
+-1 where the router did not say)."""
+
+
 @dataclass
 class Window:
     """One hop's demand, summed over the router replicas."""
@@ -64,9 +69,9 @@ class Window:
     replicas: int = 0
     capacity: list[kappa.Part] = field(default_factory=list)
     """Every replica's capacity sums (the controller's sample book adds them up)."""
-    placed: list[tuple[float, int, int, tuple[int, ...]]] = field(default_factory=list)
-    """Every replica's first placements (seconds after the hop began there, length,
-    cached tokens, block keys), for the what-if check, in arrival order."""
+    placed: list[PlacedRow] = field(default_factory=list)
+    """Every replica's first placements (:data:`PlacedRow`), for the what-if check, in
+    arrival order."""
     placed_left_out: int = 0
     """First placements the replicas only counted (beyond their per-hop limit): the
     list is then not the whole hop."""
@@ -78,20 +83,25 @@ class Window:
     (0: none did), for the shadow pools."""
 
 
-def placed_rows(report: pool_pb2.WindowReport) -> list[tuple[float, int, int, tuple[int, ...]]]:
-    """A report's first placements as (offset, length, cached tokens, block keys) rows: from
-    its packed columns, and from the message per placement an older router sends."""
+def placed_rows(report: pool_pb2.WindowReport) -> list[PlacedRow]:
+    """A report's first placements as :data:`PlacedRow` rows: from its packed columns, and
+    from the message per placement an older router sends (no worker)."""
     rows = [
-        (p.offset_seconds, p.length, p.cached_tokens, tuple(p.block_keys)) for p in report.placed
+        (p.offset_seconds, p.length, p.cached_tokens, tuple(p.block_keys), -1)
+        for p in report.placed
     ]
     c = report.placed_columns
     keys = c.block_keys
+    n = len(c.offset_seconds)
+    if c.worker and len(c.worker) != n:
+        raise ValueError(f"placed_columns: {len(c.worker)} workers for {n} rows")
+    workers = list(c.worker) if c.worker else [-1] * n
     end = 0
-    for offset, length, cached, count in zip(
-        c.offset_seconds, c.length, c.cached_tokens, c.key_counts, strict=True
+    for offset, length, cached, count, worker in zip(
+        c.offset_seconds, c.length, c.cached_tokens, c.key_counts, workers, strict=True
     ):
         start, end = end, end + count
-        rows.append((offset, length, cached, tuple(keys[start:end])))
+        rows.append((offset, length, cached, tuple(keys[start:end]), worker))
     if end != len(keys):
         raise ValueError(f"placed_columns: the key counts sum to {end}, there are {len(keys)} keys")
     return rows

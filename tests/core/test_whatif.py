@@ -1254,3 +1254,150 @@ def test_with_whatif_cached_before_the_check_counts_prefixes_cached_before_the_w
 
     assert current() == pytest.approx(model.predict(8, 60000, 0))
     assert current(whatif_cached_before=True) == pytest.approx(model.predict(8, 608, 59392))
+
+
+def test_the_compiled_replay_starts_from_the_same_holders_as_the_python_one(model):
+    if whatif.HOT_PATH != "c":
+        pytest.skip("built without a C compiler")
+    import random
+
+    rng = random.Random(5)
+    t = random_table(model, 3)
+    params = PlacementParams()
+    # 13xCP2+6xCP4+2xCP8, one CP4 starting late.
+    ws = [[0.0] * 13, [0.0] * 5 + [0.4], [0.0] * 2]
+    lam = [params.lam * (d / 2 - 1.0) for d in (2, 4, 8)]
+    extra = params.beta_busy - params.beta
+    held = np.array([rng.randrange(-1, 21) for _ in range(t.n_prefixes)], dtype=np.int64)
+    py = whatif.replay_py(t, [0, 1, 2], ws, lam, params.beta, extra, held=held)
+    c = np.empty(t.n)
+    whatif.replay(
+        t.arrivals, t.hit, t.miss, [0, 1, 2], t.reused, t.carry_ptr, t.carry_ids,
+        t.n_prefixes, ws, lam, params.beta, extra, c, held,
+    )  # fmt: skip
+    assert c.tolist() == py  # bit for bit
+    cold = whatif.replay_py(t, [0, 1, 2], ws, lam, params.beta, extra)
+    assert py != cold  # the holders changed what the replay did
+    with pytest.raises(ValueError, match="held is shorter"):
+        whatif.replay(
+            t.arrivals, t.hit, t.miss, [0, 1, 2], t.reused, t.carry_ptr, t.carry_ids,
+            t.n_prefixes, ws, lam, params.beta, extra, c, held[:-1],
+        )  # fmt: skip
+
+
+def test_held_before_names_where_the_pool_served_a_prefix_cached_before_the_table(model):
+    # r0 reuses Q (no earlier row carries it) on worker 3: Q was at worker 3 before.
+    # r1 carries P first; r2 reuses P after it: P was not cached before the window.
+    # r3 reuses R, cached before, but its worker was not reported.
+    q, p, r = tuple(range(1, 21)), (200, 201), (300, 301, 302)
+    w = ControlWindows(planner.PlannerSettings(window_s=30.0, hop_s=10.0), BS)
+    w.placed(Request(0, 0.0, 10752, (*q, 99)), 1.0, 10240, worker=3)
+    w.placed(Request(1, 1.0, 1024, p), 1.0, 0, worker=1)
+    w.placed(Request(2, 2.0, 1536, (*p, 202)), 1.0, 1024, worker=1)
+    w.placed(Request(3, 3.0, 2048, (*r, 303)), 1.0, 1536)
+    t = whatif.RequestTable.of_columns(w.columns(), model, (4,))
+    held = t.held_before()
+    ids = {name: int(t.reused[row]) for name, row in (("Q", 0), ("P", 2), ("R", 3))}
+    assert held[ids["Q"]] == 3
+    assert held[ids["P"]] == -1
+    assert held[ids["R"]] == -1
+    # Cut after r1: P's first reuse (r2) now precedes any carrier in the cut.
+    assert t.since(2).held_before()[ids["P"]] == 1
+    # A table built from rows knows no workers: nothing held.
+    rows = [(0.0, 10752, 10240, (*q, 99))]
+    assert (table(model, rows, (4,)).held_before() == -1).all()
+
+
+def test_a_replay_starts_with_the_prefixes_where_they_were_held(model):
+    # Two requests reuse Q at once; Q is held by the second CP4 worker. Cold, both
+    # miss; held, the one that goes there hits.
+    q = tuple(range(1, 21))
+    rows = [(0.0, 10752, 10240, (*q, 98)), (0.0, 10752, 10240, (*q, 99))]
+    t = table(model, rows, (4,))
+    qid = int(t.reused[0])
+    pool = Composition.parse("2xCP4")
+    cold = whatif.estimate(t, pool, FIXED_BETA)
+    held = np.full(t.n_prefixes, -1, dtype=np.int64)
+    held[qid] = 1
+    warm = whatif.estimate(t, pool, FIXED_BETA, held=held)
+    hit, miss = model.predict(4, 512, 10240), model.predict(4, 10752, 0)
+    assert cold.mean_s == pytest.approx(miss)
+    # The first goes to its holder; the second waits for it there, cheaper than missing.
+    assert 2 * hit < miss
+    assert warm.mean_s == pytest.approx((hit + 2 * hit) / 2)
+
+
+def heirs(layout, steps) -> dict[int, tuple[int, ...]]:
+    """probes.Heirs as worker id -> the replay workers holding its prefixes."""
+    table = probes.Heirs(layout).after(steps)
+    ids = sorted(s.worker for s in layout.slots)
+    return {
+        w: tuple(dict.fromkeys(x for x in table[i].tolist() if x >= 0)) for i, w in enumerate(ids)
+    }
+
+
+def test_heirs_follow_a_workers_cache_through_splits_and_merges():
+    layout = planner.layout_for(Composition.parse("2xCP8"), 16)
+    a, b = (s.worker for s in layout.slots)
+    ps = planner.PlannerSettings(degrees=(2, 4, 8))
+    obs = [planner.WorkerObservation(s.worker, 0.0, 0.0) for s in layout.slots]
+    one = planner.free_path(layout, (), "split", ps, obs, limit=1)
+    first = one[0].op.worker
+    other = b if first == a else a
+    # 2xCP4 (the halves, replay workers 0 and 1) + 1xCP8 (the other, worker 2).
+    assert heirs(layout, one) == {first: (0, 1), other: (2,)}
+    # Nothing moved: each worker holds its own, numbered by degree in layout order.
+    assert heirs(layout, ()) == {a: (0,), b: (1,)}
+    # Split further: the split worker's prefixes spread over what it became.
+    path = planner.free_path(layout, (), "split", ps, obs, limit=6)
+    end = heirs(layout, path)
+    assert path[-1].composition == Composition.parse("8xCP2")
+    assert sorted(end[a] + end[b]) == list(range(8))
+    # A merge's worker holds both buddies'.
+    pair = planner.layout_for(Composition.parse("2xCP4"), 8)
+    merged = planner.free_path(pair, (), "merge", ps, [], limit=1)
+    assert heirs(pair, merged) == {s.worker: (0,) for s in pair.slots}
+    # Mixed degrees: the layout's workers are numbered degree by degree, the new last.
+    mixed = planner.layout_for(Composition.parse("1xCP8+2xCP4"), 16)
+    by_degree = sorted(mixed.slots, key=lambda s: s.degree)
+    split = planner.free_path(mixed, (), "split", ps, [], limit=1)
+    halves = split[0].op.worker
+    assert split[0].made == (2, 2)
+    got = heirs(mixed, split)
+    # 2xCP2 (0, 1) + the CP4 left (2) + the CP8 (3).
+    assert got[halves] == (0, 1)
+    left = [s.worker for s in by_degree if s.degree == 4 and s.worker != halves]
+    assert got[left[0]] == (2,)
+    assert got[by_degree[-1].worker] == (3,)
+
+
+def test_holders_on_deals_a_split_workers_prefixes_between_its_halves():
+    held_before = np.array([5, 5, 5, 5, 7, -1, 9], dtype=np.int64)
+    rows = whatif.holder_rows(held_before, np.array([5, 7, 8]))
+    assert rows.tolist() == [0, 0, 0, 0, 1, -1, -1]  # worker 9 is not in the layout
+    table = np.array([[0, 1], [2, 2], [3, 3]])
+    assert whatif.holders_on(rows, table).tolist() == [0, 1, 0, 1, 2, -1, -1]
+
+
+def test_with_whatif_held_the_check_starts_where_the_pool_held_each_prefix(model):
+    # Four next turns whose earlier turns came before the window, at worker 0 of a
+    # CP8+CP8 pool: cold the window charges them uncached; with whatif_held, cached
+    # where they were (the turns reported without a worker stay cold).
+    layout = planner.layout_for(Composition.parse("2xCP8"), 16)
+    w0 = layout.slots[0].worker
+
+    def current(report: bool, **kw):  # type: ignore[no-untyped-def]
+        huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
+        ps = settings(min_requests=4, **kw)
+        ctl = Controller(planner.initial_state(layout), huge, ps, model)
+        for i, t in enumerate((0.0, 5.0, 10.0, 15.0)):
+            turn = Request(i, t, 60000, tuple(range(i * 1000, i * 1000 + 118)))
+            ctl.placed(turn, w0 if report else -1, 1.0, 59392)
+        tick = ctl.tick({s.worker: 0.0 for s in layout.slots}, reconfiguring=False)
+        assert tick is not None and tick.whatif is not None
+        return tick.whatif.current.mean_s
+
+    cold, warm = model.predict(8, 60000, 0), model.predict(8, 608, 59392)
+    assert current(True) == pytest.approx(cold)
+    assert current(True, whatif_held=True) == pytest.approx(warm)
+    assert current(False, whatif_held=True) == pytest.approx(cold)

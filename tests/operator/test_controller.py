@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -78,14 +79,15 @@ def test_feeding_sums_a_window_into_the_controller():
     assert tick is not None and tick.ops == ()
 
 
-def _listed(n: int, long_every: int = 4) -> list[tuple[float, int, int, tuple[int, ...]]]:
+def _listed(n: int, long_every: int = 4) -> list[tuple[float, int, int, tuple[int, ...], int]]:
     """``n`` placements over one second as a router replica lists them: every
-    ``long_every``-th one long, all sharing a first block (a system prompt)."""
+    ``long_every``-th one long, all sharing a first block (a system prompt), on
+    workers 0 and 1 in turn."""
     rows = []
     for i in range(n):
         length = 60000 if i % long_every == 0 else 2000
         keys = (7, *(1000 * i + b for b in range(1, -(-length // 16))))
-        rows.append((i / n, length, 16 if i else 0, keys))
+        rows.append((i / n, length, 16 if i else 0, keys, i % 2))
     return rows
 
 
@@ -100,6 +102,12 @@ def test_the_listed_placements_feed_the_what_if_check():
     assert tick.whatif.current.requests == 12
     assert tick.whatif.current.composition == Composition.parse("4xCP4")
     assert {str(e.composition) for _, e in tick.whatif.candidates} >= {"2xCP4+1xCP8"}
+    # Each row's worker reaches the window (whatif_held starts the replays there).
+    two = replace(settings, window_s=2.0, hop_s=1.0)
+    c = Controller(planner.initial_state(layout), cap, two, load_model(), None, 16)
+    feed(c, w, layout, in_flight=True)
+    window = c.windows.columns()
+    assert window.workers is not None and window.workers.tolist() == [i % 2 for i in range(12)]
 
     # A replica that listed only part of its hop: the check skips the window (a part
     # of the requests would look like a lighter load), the rules still read it.
@@ -109,7 +117,7 @@ def test_the_listed_placements_feed_the_what_if_check():
     assert tick is not None and tick.whatif is None and tick.observation.requests == 13
     # ... and so does a malformed row.
     c = Controller(planner.initial_state(layout), cap, settings, load_model(), None, 16)
-    bad = Window(hop=1, demand_s=3.0, requests=12, placed=[*_listed(11), (0.5, 0, 0, ())])
+    bad = Window(hop=1, demand_s=3.0, requests=12, placed=[*_listed(11), (0.5, 0, 0, (), 0)])
     tick = feed(c, bad, layout, in_flight=False)
     assert tick is not None and tick.whatif is None
 

@@ -609,16 +609,17 @@ def test_the_workers_a_merge_removes_are_drained_again_together():
 
 def test_placed_rows_read_packed_columns_and_an_older_routers_messages_alike():
     """A router sends a hop's placements as packed columns; one from before sent a message
-    per placement. The operator reads either (or both) into the same rows, and refuses
-    columns whose key counts do not add up."""
+    per placement, and one from before whatif_held no workers. The operator reads any of
+    them (or both) into the same rows, with worker -1 where none was sent, and refuses
+    columns whose key counts or workers do not add up."""
     from vertumnus._proto import pool_pb2
     from vertumnus.operator.routerapi import placed_rows
 
-    rows = [(0.5, 32, 16, (1, 2)), (0.75, 48, 0, (3, 4, 5)), (1.0, 8, 0, ())]
+    rows = [(0.5, 32, 16, (1, 2), -1), (0.75, 48, 0, (3, 4, 5), -1), (1.0, 8, 0, (), -1)]
     old = pool_pb2.WindowReport(
         placed=[
             pool_pb2.PlacedRequest(offset_seconds=o, length=n, cached_tokens=c, block_keys=k)
-            for o, n, c, k in rows
+            for o, n, c, k, _ in rows
         ]
     )
     new = pool_pb2.WindowReport(
@@ -633,6 +634,12 @@ def test_placed_rows_read_packed_columns_and_an_older_routers_messages_alike():
     assert placed_rows(old) == placed_rows(new) == rows
     both = pool_pb2.WindowReport(placed=old.placed, placed_columns=new.placed_columns)
     assert placed_rows(both) == rows + rows
+    new.placed_columns.worker.extend([3, 0, 3])
+    assert [r[4] for r in placed_rows(new)] == [3, 0, 3]
+    new.placed_columns.worker.append(1)
+    with pytest.raises(ValueError, match="4 workers for 3 rows"):
+        placed_rows(new)
+    del new.placed_columns.worker[:]
     new.placed_columns.block_keys.append(9)
     with pytest.raises(ValueError, match="key counts sum to 5, there are 6 keys"):
         placed_rows(new)

@@ -240,10 +240,12 @@ async def test_the_window_report_lists_first_placements_up_to_its_limit() -> Non
 
         rows = placed_rows(report)  # as the operator reads them (packed columns)
         assert report.requests == 5 and not report.placed
-        assert [length for _, length, _, _ in rows] == [40, 41, 42]
+        assert [length for _, length, _, _, _ in rows] == [40, 41, 42]
         assert report.placed_left_out == 2
-        assert all(len(keys) == length // 16 for _, length, _, keys in rows)
-        offsets = [offset for offset, _, _, _ in rows]
+        assert all(len(keys) == length // 16 for _, length, _, keys, _ in rows)
+        # Each row names the worker it went to, one of the pool's.
+        assert {worker for *_, worker in rows} <= set(running.router.workers)
+        offsets = [offset for offset, _, _, _, _ in rows]
         assert offsets == sorted(offsets) and offsets[0] >= 0.0
         assert again == report  # a retried take answers the same
         assert (placed_rows(after), after.placed_left_out) == ([], 0)

@@ -108,21 +108,24 @@ get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const char *name
 }
 
 /* replay(arrivals, hit, miss, index, reused, carry_ptr, carry_ids, n_prefixes, starts,
- *        lam_terms, beta, extra, out) -> None; out (float64, n, writable) receives the
- *        TTFTs (nan: no worker can hold the request).
+ *        lam_terms, beta, extra, out[, held]) -> None; out (float64, n, writable) receives
+ *        the TTFTs (nan: no worker can hold the request).
  * hit/miss: float64 (table rows, n), one row per degree of the table; index: per degree
  * of the composition (ascending) its table row, so that a composition of some of the
  * table's degrees reads the table in place; starts: per degree of the composition a
  * sequence of the start times of its workers (0.0 for those serving from the
- * beginning), its length that degree's worker count. */
+ * beginning), its length that degree's worker count; held (int64, n_prefixes, or None):
+ * per prefix id the worker (numbered as starts, degree by degree) holding it before
+ * the first request, -1 for none. */
 static PyObject *
 replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 13) {
-        PyErr_SetString(PyExc_TypeError, "replay takes 13 arguments");
+    if (nargs != 13 && nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "replay takes 13 or 14 arguments");
         return NULL;
     }
     Py_buffer arr = {0}, hit = {0}, miss = {0}, reused = {0}, cptr = {0}, cids = {0}, outb = {0};
+    Py_buffer heldb = {0};
     PyObject *result = NULL;
     WHeap *heaps = NULL;
     Heap pending = {NULL, 0, 0};
@@ -146,6 +149,16 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     n_prefixes = PyLong_AsSsize_t(args[7]);
     if (n_prefixes < 0 && PyErr_Occurred())
         goto done;
+    /* held (optional): per prefix id, the worker holding it before the first request
+     * (-1: none), as replay_py's ``held``. */
+    if (nargs == 14 && args[13] != Py_None) {
+        if (get_buffer(args[13], &heldb, 8, "held") < 0)
+            goto done;
+        if (heldb.len < n_prefixes * 8) {
+            PyErr_SetString(PyExc_ValueError, "replay: held is shorter than n_prefixes");
+            goto done;
+        }
+    }
     PyObject *starts = PySequence_Fast(args[8], "starts must be a sequence");
     if (starts == NULL)
         goto done;
@@ -260,6 +273,16 @@ replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (heaps[k].n == 0) {
             PyErr_SetString(PyExc_ValueError, "replay: a degree without workers");
             goto done;
+        }
+    }
+
+    if (heldb.obj != NULL) {
+        const long long *held_t = heldb.buf;
+        for (Py_ssize_t p = 0; p < n_prefixes; p++) {
+            if (held_t[p] >= 0 && held_t[p] < n_workers) {
+                holders[p].w[0] = (Py_ssize_t)held_t[p];
+                holders[p].n = 1;
+            }
         }
     }
 
@@ -394,6 +417,7 @@ done:
     if (cptr.obj) PyBuffer_Release(&cptr);
     if (cids.obj) PyBuffer_Release(&cids);
     if (outb.obj) PyBuffer_Release(&outb);
+    if (heldb.obj) PyBuffer_Release(&heldb);
     return result;
 }
 

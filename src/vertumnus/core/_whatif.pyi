@@ -17,5 +17,6 @@ def replay(
     beta: float,
     extra: float,
     out: npt.NDArray[np.float64],
+    held: npt.NDArray[np.int64] | None = None,
 ) -> None: ...
 def order_pair(values: npt.NDArray[np.float64], k: int) -> tuple[float, float]: ...

@@ -285,6 +285,8 @@ class Controller:
             tuple[planner.Layout, object, dict[str, list[list[planner.PathStep]]]] | None
         ) = None
         """The look's paths (:meth:`_along`), with the layout and workers they start from."""
+        self._heirs: tuple[planner.Layout, probes.Heirs] | None = None
+        """Where the layout's cached prefixes go along its paths (``whatif_held``)."""
         self._degrees: tuple[planner.Layout, dict[int, int]] | None = None
         if self.learner is not None and learned is not None:
             self.capacity = self.learner.profile()
@@ -318,7 +320,7 @@ class Controller:
     ) -> None:
         """A request's first placement, on ``worker``: its demand counts in the open hop
         (:meth:`ControlWindows.placed`), and it is tracked for the capacity samples."""
-        self.windows.placed(request, estimate_s, cached_tokens)
+        self.windows.placed(request, estimate_s, cached_tokens, worker)
         self.track(request, worker, estimate_s)
         self.shadow_serve((request,))
 
@@ -692,7 +694,15 @@ class Controller:
             # Prefixes cached before the table's first request: held everywhere at
             # their first reuse (a cut at a change counts from the cut).
             table = whatif.cached_before_anywhere(table)
-        return probes.Replays(table, self.params, threads, before.layout.composition, change, since)
+        layout = before.layout
+        heirs = None
+        if ps.whatif_held:
+            # Each replay starts with the pool's cache, carried through the candidate's
+            # transition from this layout (worked out once per layout).
+            if self._heirs is None or self._heirs[0] is not layout:
+                self._heirs = (layout, probes.Heirs(layout))
+            heirs = self._heirs[1]
+        return probes.Replays(table, self.params, threads, layout.composition, change, since, heirs)
 
     def _change(self) -> changepoint.Change | None:
         """The window's change of arrivals (``settings.whatif_change``), if it has one

@@ -840,6 +840,9 @@ class PathStep:
     counts: tuple[tuple[int, int], ...]
     """(degree, workers) after it, by degree: a step keeps these few numbers and
     builds its :attr:`composition` (a sorted tuple of every worker) only when asked."""
+    made_ids: tuple[int, ...] = ()
+    """The provisional ids of the workers it creates (negative; later steps' operations
+    name them), in the order of :attr:`made`."""
 
     @property
     def composition(self) -> Composition:
@@ -872,10 +875,12 @@ def free_path(
         if chosen is None:
             break
         degree = w.by_id[chosen[3][0]].degree
+        fresh = w._next_id
         op = w._take(chosen)
         made = (degree // 2, degree // 2) if isinstance(op, Split) else (2 * degree,)
         drain = max(running.get(m, 0.0) for m in chosen[3])
-        steps.append(PathStep(op, drain, made, tuple(sorted(w.counts.items()))))
+        made_ids = tuple(range(fresh, w._next_id, -1))  # as _fresh gave them
+        steps.append(PathStep(op, drain, made, tuple(sorted(w.counts.items())), made_ids))
     return steps
 
 

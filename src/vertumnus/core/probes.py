@@ -14,9 +14,12 @@ way. Pure: no clock, no I/O.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
+
+import numpy as np
 
 from vertumnus.core import changepoint, planner, whatif
 from vertumnus.core.memory import DIRECTIONS
@@ -24,7 +27,7 @@ from vertumnus.core.placement import PlacementParams
 from vertumnus.core.plannersettings import PlannerSettings
 from vertumnus.core.types import Composition
 
-__all__ = ["Probes", "Replays", "Started", "affordable", "along", "estimates", "start"]
+__all__ = ["Heirs", "Probes", "Replays", "Started", "affordable", "along", "estimates", "start"]
 
 Probes = Mapping[str, list[list[planner.PathStep]]]
 """Per direction (``split``, ``merge``), the steps to each composition a look probes."""
@@ -45,6 +48,7 @@ class Replays:
         current: Composition,
         change: changepoint.Change | None = None,
         since_s: float | None = None,
+        heirs: Heirs | None = None,
     ) -> None:
         self.table = table
         self._params = params
@@ -53,13 +57,32 @@ class Replays:
         self.since_s = since_s
         """Seconds the table's requests span after that change."""
         self._pool = ThreadPoolExecutor(threads, "whatif") if threads > 1 else None
-        self.current = self.start(current)
+        self._heirs = heirs
+        """Where the layout's cached prefixes go along its paths, when each replay
+        starts with what the pool held before the table (``whatif_held``); else None."""
+        self._held = None
+        """Per prefix id, the row of :meth:`Heirs.after`'s tables (the layout's worker,
+        by id) that held it before the table (-1: none)."""
+        if heirs is not None:
+            self._held = whatif.holder_rows(table.held_before(), heirs.workers)
+        self.current = self.start(current, None, self.heirs(()))
         """The current composition's estimate, to be waited for."""
 
+    def heirs(self, steps: Sequence[planner.PathStep]) -> np.ndarray | None:
+        """:meth:`Heirs.after` ``steps`` when the replays start with the pool's cached
+        prefixes (``whatif_held``), else None."""
+        return None if self._heirs is None else self._heirs.after(steps)
+
     def _run(
-        self, comp: Composition, starts: Mapping[int, Sequence[float]] | None
+        self,
+        comp: Composition,
+        starts: Mapping[int, Sequence[float]] | None,
+        inherit: np.ndarray | None,
     ) -> whatif.Estimate:
-        return whatif.estimate(self.table, comp, self._params, starts)
+        held = None
+        if inherit is not None and self._held is not None:
+            held = whatif.holders_on(self._held, inherit)
+        return whatif.estimate(self.table, comp, self._params, starts, held=held)
 
     def per_probe(self, horizon: int) -> int:
         """Replays one probe costs on this table: the one with the transition, and
@@ -73,14 +96,19 @@ class Replays:
         return self._pool is not None
 
     def start(
-        self, comp: Composition, starts: Mapping[int, Sequence[float]] | None = None
+        self,
+        comp: Composition,
+        starts: Mapping[int, Sequence[float]] | None = None,
+        inherit: np.ndarray | None = None,
     ) -> Future[whatif.Estimate]:
-        """The estimate of ``comp`` (with a transition's ``starts``), to be waited for."""
+        """The estimate of ``comp`` (with a transition's ``starts``), to be waited for;
+        ``inherit``: where the pool's cached prefixes are on it (:meth:`heirs`; None:
+        nowhere, the replay starts cold)."""
         if self._pool is None:
             done: Future[whatif.Estimate] = Future()
-            done.set_result(self._run(comp, starts))
+            done.set_result(self._run(comp, starts, inherit))
             return done
-        return self._pool.submit(self._run, comp, starts)
+        return self._pool.submit(self._run, comp, starts, inherit)
 
     def __enter__(self) -> Replays:
         return self
@@ -156,8 +184,9 @@ def start(
             [(st.drain_s, st.made) for st in steps], settings.switch_s, settings.max_concurrent_ops
         )
         comp = steps[-1].composition
-        steady = replays.start(comp) if steadily else None
-        started.append((steps, replays.start(comp, starts), steady))
+        inherit = replays.heirs(steps)
+        steady = replays.start(comp, None, inherit) if steadily else None
+        started.append((steps, replays.start(comp, starts, inherit), steady))
     return started
 
 
@@ -191,6 +220,85 @@ def estimates(
             e = replace(e, mean_s=mean, p90_s=p90)
         out.append((steps, e))
     return out
+
+
+class Heirs:
+    """Where the cached prefixes of ``layout``'s workers are after the steps of a path
+    from it (:meth:`after`), for the replays that start from the pool's cache
+    (``PlannerSettings.whatif_held``). The layout's part is worked out once: a look
+    asks it for every probe of both its tables (a 704-worker pool's table in
+    ~0.05 ms)."""
+
+    def __init__(self, layout: planner.Layout) -> None:
+        ids = np.array([s.worker for s in layout.slots], dtype=np.int64)
+        deg = np.array([s.degree for s in layout.slots], dtype=np.int64)
+        self.workers = np.sort(ids)
+        """The layout's workers by id: row i of a table is the i-th of them."""
+        self._at = {w: i for i, w in enumerate(ids.tolist())}  # worker -> layout position
+        self._degree = dict(zip(ids.tolist(), deg.tolist(), strict=True))
+        self._order = np.argsort(deg, kind="stable")  # by degree, then layout order
+        self._sorted_degrees = deg[self._order]
+        self._row = np.searchsorted(self.workers, ids)  # layout position -> row
+        self._counts = Counter(deg.tolist())
+        self._alone = self._table(())
+
+    def after(self, steps: Sequence[planner.PathStep]) -> np.ndarray:
+        """Row i (the layout's i-th worker by id): the workers of the composition the
+        ``steps`` lead to that hold its prefixes, one per column (a prefix goes to
+        column ``id % columns``), numbered as :func:`whatif.estimate` numbers a
+        replay's workers: degree by degree, ascending; in each, the layout's workers
+        left, in its order, then those the steps create, in order. As the
+        reconciliation plans it (:mod:`vertumnus.core.reconcile`): a split deals its
+        worker's prefixes between its halves, a merge's worker holds both buddies';
+        a worker the steps leave alone keeps its own."""
+        return self._table(steps) if steps else self._alone
+
+    def _table(self, steps: Sequence[planner.PathStep]) -> np.ndarray:
+        made: dict[int, int] = {}  # the workers the steps create and leave, in order
+        heirs_of: dict[int, list[int]] = {}  # a layout worker the steps take -> holders
+        holds: dict[int, set[int]] = {}  # a holder -> the layout workers it holds for
+        for st in steps:
+            op = st.op
+            for m in (op.worker,) if isinstance(op, planner.Split) else op.workers:
+                if m in self._at and m not in heirs_of:
+                    heirs_of[m], holds[m] = [m], {m}
+                made.pop(m, None)
+                for w in holds.pop(m, ()):
+                    now = heirs_of[w]
+                    at = now.index(m)
+                    now[at : at + 1] = [h for h in st.made_ids if h not in now]
+                    for h in st.made_ids:
+                        holds.setdefault(h, set()).add(w)
+            made.update(zip(st.made_ids, st.made, strict=True))
+        kept = np.ones(len(self._at), dtype=bool)
+        kept[[self._at[w] for w in heirs_of]] = False
+        # A worker left is numbered by the workers left before it (by degree, then
+        # layout order) and the new ones of lower degrees; a new one after its
+        # degree's workers left and the new ones of its degree before it.
+        left = dict(self._counts)
+        for w in heirs_of:
+            left[self._degree[w]] -= 1
+        new_of = Counter(made.values())
+        degrees = sorted(set(left) | set(new_of))
+        lower, base, n = {}, {}, 0
+        for d in degrees:
+            lower[d] = sum(new_of[e] for e in degrees if e < d)
+            base[d] = n + left.get(d, 0)
+            n += left.get(d, 0) + new_of[d]
+        index: dict[int, int] = {}
+        for w, d in made.items():
+            index[w], base[d] = base[d], base[d] + 1
+        ks = kept[self._order]
+        ranked = self._sorted_degrees[ks]
+        shift = np.array([lower[d] for d in degrees], dtype=np.int64)
+        own = np.arange(ranked.size) + shift[np.searchsorted(degrees, ranked)]
+        width = max((len(h) for h in heirs_of.values()), default=1) or 1
+        table = np.full((len(self._at), width), -1, dtype=np.int64)
+        table[self._row[self._order[ks]]] = own[:, None]
+        for w, hs in heirs_of.items():
+            if hs:
+                table[self._row[self._at[w]]] = [index[hs[j % len(hs)]] for j in range(width)]
+        return table
 
 
 def affordable(

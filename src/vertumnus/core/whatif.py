@@ -25,8 +25,9 @@ enough to ask it every window:
 What it leaves out, on purpose (docs/benchmarks/adaptive.md, "Workloads
 it was not tuned on"): cache capacity (beyond the :data:`HOLDERS` bound),
 prefixes cached before the window (unless :func:`cached_before_anywhere`
-credits them everywhere, ``PlannerSettings.whatif_cached_before``), the cache
-manager's replication, and
+credits them everywhere, ``PlannerSettings.whatif_cached_before``, or
+:func:`estimate`'s ``held`` starts them where the pool held them,
+``whatif_held``), the cache manager's replication, and
 what happens after the window (a move must pay back within the window it
 is judged on: a load that returns, as in a rate cycle, is not seen).
 Pure: no clock, no I/O.
@@ -57,6 +58,8 @@ __all__ = [
     "best_of",
     "cached_before_anywhere",
     "estimate",
+    "holder_rows",
+    "holders_on",
     "p90",
     "remember_holder",
     "replay_inputs",
@@ -115,6 +118,8 @@ class Columns:
     former, the table drops the latter."""
     carrier_rows: np.ndarray
     """int64: the rows of ``carrier_ids`` (positions in the columns)."""
+    workers: np.ndarray | None = None
+    """int64: the worker each request was placed on (-1: not known); None: none known."""
 
 
 def reused_key(keys: Sequence[int], cached_tokens: int, block_size: int) -> int | None:
@@ -149,7 +154,7 @@ class RequestTable:
 
     __slots__ = (
         "arrivals", "carry_ids", "carry_ptr", "degrees", "hit", "miss", "n", "n_prefixes",
-        "reused", "_absolute", "_lists", "_origin",
+        "reused", "workers", "_absolute", "_lists", "_origin",
     )  # fmt: skip
 
     def __init__(
@@ -218,6 +223,13 @@ class RequestTable:
         self._absolute = arrivals
         self.arrivals = arrivals - arrivals[0] if n else arrivals
         self.reused = reused
+        placed_on = columns.workers
+        self.workers = (
+            np.full(n, -1, dtype=np.int64)
+            if placed_on is None
+            else placed_on.astype(np.int64)[self._origin]
+        )
+        """The worker each row was placed on in the pool (-1: not known)."""
         self.n_prefixes = columns.n_prefixes
         reused_tokens = np.minimum(cached.astype(np.float64), total)
         self.degrees = tuple(sorted(set(degrees)))
@@ -256,6 +268,7 @@ class RequestTable:
         cut._absolute = self._absolute[keep]
         cut.arrivals = cut._absolute - cut._absolute[0] if m else cut._absolute
         cut.reused = self.reused[keep]
+        cut.workers = self.workers[keep]
         cut.n_prefixes = self.n_prefixes
         cut.hit = np.ascontiguousarray(self.hit[:, keep])
         cut.miss = np.ascontiguousarray(self.miss[:, keep])
@@ -276,6 +289,28 @@ class RequestTable:
             self._lists = (self.arrivals.tolist(), self.reused.tolist(), carries)
         return self._lists
 
+    def cached_before(self) -> np.ndarray:
+        """Per row, whether the prefix it reuses was cached before the table's first
+        row: no earlier row carries it (the pool had it from a request before)."""
+        rows_of = np.repeat(np.arange(self.n), np.diff(self.carry_ptr))
+        first = np.full(max(1, self.n_prefixes), self.n, dtype=np.int64)
+        np.minimum.at(first, self.carry_ids, rows_of)
+        return (self.reused >= 0) & (first[np.maximum(self.reused, 0)] >= np.arange(self.n))
+
+    def held_before(self) -> np.ndarray:
+        """Per prefix id, the worker of the pool that held it before the table's first
+        row (-1: none, or not known): where the pool served the first row reusing a
+        prefix :meth:`cached_before` (it reused it there, so that worker had it).
+        Read with :func:`holders_on` for a composition's replay
+        (``PlannerSettings.whatif_held``)."""
+        held = np.full(max(1, self.n_prefixes), -1, dtype=np.int64)
+        rows = np.flatnonzero(self.cached_before() & (self.workers >= 0))
+        if rows.size:
+            # The first such row of each prefix (rows ascend: unique's first index).
+            ids, first = np.unique(self.reused[rows], return_index=True)
+            held[ids] = self.workers[rows[first]]
+        return held
+
 
 def estimate(
     table: RequestTable,
@@ -283,6 +318,7 @@ def estimate(
     params: PlacementParams,
     starts: Mapping[int, Sequence[float]] | None = None,
     variant: Callable[..., list[float]] | None = None,
+    held: np.ndarray | None = None,
 ) -> Estimate:
     """Mean and P90 TTFT of ``table`` on ``composition`` by list scheduling (module docstring).
 
@@ -293,6 +329,9 @@ def estimate(
     refused, not served). ``variant``: a Python replay with :func:`replay_py`'s
     arguments and result, to run instead of the shipped one (a variant
     measured against it, as ``bench/whatif_vs_sim.py --ties first`` does).
+    ``held``: per prefix id, the worker of the replay (numbered degree by degree,
+    ascending, each degree's late starters last: :func:`holders_on`) that holds it
+    at the start (-1: none); None: every prefix starts uncached.
     """
     counts = Counter(composition.degrees)
     late = starts or {}
@@ -309,15 +348,16 @@ def estimate(
     extra = params.beta_busy - params.beta
     values = np.empty(table.n)
     if table.n and variant is not None:
-        values[:] = variant(table, index, worker_starts, lam_terms, params.beta, extra)
+        more = {} if held is None else {"held": held}
+        values[:] = variant(table, index, worker_starts, lam_terms, params.beta, extra, **more)
     elif table.n and HOT_PATH == "c":
         replay(
             table.arrivals, table.hit, table.miss, index, table.reused, table.carry_ptr,
             table.carry_ids, table.n_prefixes, worker_starts, lam_terms, params.beta, extra,
-            values,
+            values, held,
         )  # fmt: skip
     elif table.n:
-        values[:] = replay_py(table, index, worker_starts, lam_terms, params.beta, extra)
+        values[:] = replay_py(table, index, worker_starts, lam_terms, params.beta, extra, held=held)
     if values.size and np.isnan(values).any():
         finite = values[~np.isnan(values)]
         values[np.isnan(values)] = finite.max() if finite.size else 0.0
@@ -339,13 +379,27 @@ def cached_before_anywhere(table: RequestTable) -> RequestTable:
     cached at the worker that served the conversation before). Where it goes then
     holds it for the rows after it, as in the replay. A new table; ``table`` is
     left as it is."""
-    rows_of = np.repeat(np.arange(table.n), np.diff(table.carry_ptr))
-    first = np.full(max(1, table.n_prefixes), table.n, dtype=np.int64)
-    np.minimum.at(first, table.carry_ids, rows_of)
-    before = (table.reused >= 0) & (first[np.maximum(table.reused, 0)] >= np.arange(table.n))
     warm = copy.copy(table)
-    warm.miss = np.ascontiguousarray(np.where(before, table.hit, table.miss))
+    warm.miss = np.ascontiguousarray(np.where(table.cached_before(), table.hit, table.miss))
     return warm
+
+
+def holder_rows(held_before: np.ndarray, workers: np.ndarray) -> np.ndarray:
+    """:meth:`RequestTable.held_before` (prefix id → pool worker) as positions in
+    ``workers`` (sorted ids; -1: none, or a worker not there)."""
+    at = np.searchsorted(workers, held_before)
+    inside = at < workers.size
+    found = inside & (workers[np.where(inside, at, 0)] == held_before) & (held_before >= 0)
+    return np.where(found, at, -1)
+
+
+def holders_on(rows: np.ndarray, heirs: np.ndarray) -> np.ndarray:
+    """Per prefix id, the replay's worker that holds it at the start (:func:`estimate`'s
+    ``held``; -1: none): ``rows`` (:func:`holder_rows`) read in ``heirs``, per pool
+    worker the replay's workers that hold its prefixes (a prefix in column
+    ``id % columns``: a split deals its worker's prefixes between its halves)."""
+    column = np.arange(rows.size) % heirs.shape[1]
+    return np.where(rows >= 0, heirs[np.maximum(rows, 0), column], -1)
 
 
 def p90(values: np.ndarray) -> float:
@@ -381,6 +435,7 @@ def replay_py(
     beta: float,
     extra: float,
     record: list[tuple[float, float, bool]] | None = None,
+    held: np.ndarray | None = None,
 ) -> list[float]:
     """The list-scheduling replay of :func:`estimate` (pure Python; ``_whatif.c`` is its
     compiled twin, the same floats): per request its TTFT, nan if no worker can hold it.
@@ -391,7 +446,7 @@ def replay_py(
     workers with a request waiting), as placement computes it. ``record`` (a
     diagnostic, ``bench/whatif_vs_sim.py --decompose``): appended per request, its
     wait, its prefill time and whether it reused its prefix (:data:`NO_WORKER` for a
-    request no worker can hold).
+    request no worker can hold). ``held``: as :func:`estimate`'s.
     """
     arrivals, reused, carries, hits, misses, free, row_of = replay_inputs(
         table, index, worker_starts
@@ -407,6 +462,10 @@ def replay_py(
     holders: dict[int, dict[int, None]] = {}
     """Reused prefix id → the (at most ``HOLDERS``) workers that served it last, least
     recent first (a dict: ordered, as the compiled twin's arrays)."""
+    if held is not None:
+        for pid, w in enumerate(held[: table.n_prefixes].tolist()):
+            if 0 <= w < len(free):
+                holders[pid] = {w: None}
     ttft: list[float] = []
     rows = range(len(heaps))
     for i, a in enumerate(arrivals):

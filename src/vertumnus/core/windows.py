@@ -43,7 +43,7 @@ class _SeenHop:
 
     __slots__ = (
         "arrivals", "cached", "carrier_ids", "carrier_keys", "carrier_rows", "first", "keys",
-        "lengths", "reused", "serial", "whole",
+        "lengths", "reused", "serial", "whole", "workers",
     )  # fmt: skip
 
     def __init__(self, serial: int, first: int) -> None:
@@ -63,6 +63,8 @@ class _SeenHop:
         self.cached = array("q")
         self.reused = array("q")
         """The prefix id of each request's last cached block (-1: none)."""
+        self.workers = array("q")
+        """The worker each request was placed on (-1: not reported)."""
         self.carrier_ids = array("q")
         self.carrier_keys = array("Q")
         self.carrier_rows = array("q")
@@ -81,11 +83,17 @@ class _SeenHop:
         self.carrier_rows.append(number)
 
     def add(
-        self, request: Request, cached_tokens: int, prefix: int, ids: Mapping[int, int]
+        self,
+        request: Request,
+        cached_tokens: int,
+        prefix: int,
+        ids: Mapping[int, int],
+        worker: int = -1,
     ) -> None:
         """``request`` seen; ``prefix``: the id of the prefix it reused (its last cached
         block; -1: none); ``ids``: the reused keys whose carriers are paired, and their
-        ids (see :meth:`ControlWindows.seen`)."""
+        ids (see :meth:`ControlWindows.seen`); ``worker``: where it was placed (-1: not
+        reported)."""
         index = self.keys
         pos = len(self.arrivals)
         number = self.first + pos
@@ -104,6 +112,7 @@ class _SeenHop:
         self.lengths.append(request.length)
         self.cached.append(cached_tokens)
         self.reused.append(prefix)
+        self.workers.append(worker)
 
 
 class ControlWindows:
@@ -131,17 +140,19 @@ class ControlWindows:
         """Prefix id → the serial of the newest hop with a request reusing its key."""
         self._free_ids: list[int] = []
 
-    def placed(self, request: Request, estimate_s: float, cached_tokens: int = 0) -> None:
+    def placed(
+        self, request: Request, estimate_s: float, cached_tokens: int = 0, worker: int = -1
+    ) -> None:
         """A request's first placement: its Ê counts in the open hop (``cached_tokens``:
-        the prefix it reuses there, for the what-if check)."""
+        the prefix it reuses there, and ``worker``: there, for the what-if check)."""
         self._demand += estimate_s
         self._requests += 1
         if request.length > self.settings.long_threshold:
             self._long += 1
             self._long_demand += estimate_s
-        self.seen(request, cached_tokens)
+        self.seen(request, cached_tokens, worker)
 
-    def seen(self, request: Request, cached_tokens: int) -> None:
+    def seen(self, request: Request, cached_tokens: int, worker: int = -1) -> None:
         """A request for the what-if check only (its demand counted by :meth:`add`).
 
         The check's table needs, for every prefix a request of the window
@@ -161,7 +172,7 @@ class ControlWindows:
                     for number in part.carriers(key):
                         hop.pair(prefix, key, number)
             self._id_serials[prefix] = hop.serial
-        hop.add(request, cached_tokens, prefix, self._ids)
+        hop.add(request, cached_tokens, prefix, self._ids, worker)
 
     def _new_id(self, key: int) -> int:
         """A prefix id for ``key`` (a free one, else the next)."""
@@ -230,6 +241,7 @@ class ControlWindows:
             n_prefixes=len(id_keys),
             carrier_ids=ids[valid],
             carrier_rows=rows[valid],
+            workers=cat("workers", np.int64),
         )
 
     def add(self, demand_s: float, requests: int, long_requests: int, long_demand_s: float) -> None:
