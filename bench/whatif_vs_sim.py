@@ -31,6 +31,11 @@ prefix cached before it held by every worker at its first reuse
 ``whatif_cached_before``): where the cold windows' missing reuse, not
 queueing, is what the estimate gets wrong, this column comes closer
 (docs/benchmarks/adaptive.md, "1,024 GPUs heavy: the estimate's cold windows").
+``--cached-before held`` replays each window instead from where the first
+composition's simulated pool held each prefix before it (the controller's
+``whatif_held``): the first composition as it is, each other one after the
+path of splits or merges the controller walks to it from the first (its steady
+replay, no transition paid; "n/a" where no one-way path leads there).
 ``--phases SPEC`` (with ``--seed``) reshapes ``--trace`` as
 ``vertumnus simulate --phases`` does. ``--ties first`` adds a third column: the replay breaking ties as placement
 did until 2026-12-04 (of equal costs the lower worker, so the first idle worker
@@ -73,7 +78,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import families  # noqa: E402  (the workload families and their cells)
 
-from vertumnus.core import whatif  # noqa: E402
+from vertumnus.core import planner, probes, whatif  # noqa: E402
 from vertumnus.core.metrics import summarize  # noqa: E402
 from vertumnus.core.placement import PlacementParams  # noqa: E402
 from vertumnus.core.policies.vertumnus import CostModelPolicy  # noqa: E402
@@ -189,6 +194,8 @@ class Comparison(NamedTuple):
     reused in the simulator (seconds, T_ext out)."""
     sim_p90_s: list[float]
     """Per composition, the simulator's P90 TTFT without T_ext."""
+    workers: dict[int, int]
+    """Request id → the worker it was placed on in the first composition."""
 
 
 def replay_rows(
@@ -215,6 +222,7 @@ def compare(
     placement's former tie-break) on the requests from ``skip_s`` on (module docstring)."""
     model = load_model()
     cached: dict[int, int] = {}
+    workers: dict[int, int] = {}
     sim_s: list[float] = []
     sim_p90_s: list[float] = []
     served: list[dict[int, tuple[float, float, int]]] = []
@@ -227,6 +235,7 @@ def compare(
         sim_p90_s.append(summary.p90_ttft_s - pool.t_ext_s)
         if not cached:
             cached = {c.request_id: c.cached_tokens for c in run.completions}
+            workers = {c.request_id: c.worker for c in run.completions}
         each = {}
         for c in done:
             p = min(c.cached_tokens, c.length)
@@ -246,6 +255,7 @@ def compare(
         cached,
         served,
         sim_p90_s,
+        workers,
     )
 
 
@@ -270,24 +280,57 @@ def window_gains(
     skip_s: float,
     window_s: float,
     anywhere: bool = False,
+    placed_on: dict[int, int] | None = None,
 ) -> np.ndarray:
     """Per window (:func:`windows`), each composition's estimated gain over the first,
     the window replayed on its own as the controller replays one: rows are windows,
     columns compositions, and the last axis the gain of the mean TTFT and of the P90.
     ``anywhere``: the prefixes cached before each window hit anywhere
-    (:func:`vertumnus.core.whatif.cached_before_anywhere`)."""
+    (:func:`vertumnus.core.whatif.cached_before_anywhere`). ``placed_on`` (request id →
+    its worker on the first composition): each replay starts where that pool held
+    the prefixes (module docstring, ``--cached-before held``; nan where no path)."""
     model = load_model()
     degrees = sorted({d for c in comps for d in c.degrees})
+    inherit = None if placed_on is None else held_paths(comps, degrees)
     gains = []
     for inside in windows(requests, skip_s, window_s):
         rows = replay_rows(inside, cached, -math.inf, math.inf)
-        table = whatif.RequestTable(rows, block_size, model, degrees)
+        on = None if placed_on is None else [placed_on[q.id] for q in inside]
+        table = whatif.RequestTable(rows, block_size, model, degrees, on)
         if anywhere:
             table = whatif.cached_before_anywhere(table)
-        found = [whatif.estimate(table, c, params) for c in comps]
+        if inherit is None:
+            found = [whatif.estimate(table, c, params) for c in comps]
+        else:
+            heirs, paths = inherit
+            at = whatif.holder_rows(table.held_before(), heirs.workers)
+            found = [
+                whatif.estimate(table, c, params, held=whatif.holders_on(at, heirs.after(p)))
+                if p is not None
+                else whatif.Estimate(c, math.nan, math.nan, table.n)
+                for c, p in zip(comps, paths, strict=True)
+            ]
         first = found[0]
         gains.append([[1.0 - e.mean_s / first.mean_s, 1.0 - e.p90_s / first.p90_s] for e in found])
     return np.array(gains).reshape(-1, len(comps), 2)
+
+
+def held_paths(
+    comps: list[Composition], degrees: list[int]
+) -> tuple[probes.Heirs, list[list[planner.PathStep] | None]]:
+    """Where the first composition's cached prefixes go on each composition: its
+    layout's :class:`~vertumnus.core.probes.Heirs`, and per composition the path of
+    splits or merges the controller's check walks to it (none for the first; None
+    where no path of one direction leads there)."""
+    layout = planner.layout_for(comps[0])
+    settings = planner.PlannerSettings(degrees=tuple(degrees))
+    idle = [planner.WorkerObservation(s.worker, 0.0, 0.0) for s in layout.slots]
+    paths: list[list[planner.PathStep] | None] = [[]]
+    for c in comps[1:]:
+        direction = "split" if c.workers > comps[0].workers else "merge"
+        path = planner.free_path(layout, (), direction, settings, idle, target=c)
+        paths.append(path if path and path[-1].composition == c else None)
+    return probes.Heirs(layout), paths
 
 
 def decompose(
@@ -347,13 +390,15 @@ def decompose(
     return parts
 
 
-def _warm(gains: np.ndarray | None, i: int, which: int) -> str:
-    """The ``--cached-before anywhere`` windows' gain of composition ``i`` (mean TTFT:
-    ``which`` 0, P90: 1), to follow the cold windows' on their line ("" without it)."""
+def _warm(gains: np.ndarray | None, i: int, which: int, how: str | None) -> str:
+    """The ``--cached-before`` windows' gain of composition ``i`` (mean TTFT: ``which``
+    0, P90: 1), to follow the cold windows' on their line ("" without it)."""
     if gains is None or not len(gains):
         return ""
     col = gains[:, i, which]
-    return f"   cached before anywhere: mean {col.mean():+.1%}, sd {col.std():.1%}"
+    if np.isnan(col).all():
+        return f"   cached before, {how}: n/a"
+    return f"   cached before, {how}: mean {col.mean():+.1%}, sd {col.std():.1%}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -400,9 +445,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--cached-before",
-        choices=("anywhere",),
+        choices=("anywhere", "held"),
         help="with --windows: also the window replays with every prefix cached before the "
-        "window held by every worker at its first reuse (the shipped replay starts cold)",
+        "window held by every worker at its first reuse (anywhere), or where the first "
+        "composition's pool held it, carried along the path to each other one (held; the "
+        "shipped replay starts cold)",
     )
     args = ap.parse_args(argv)
     try:
@@ -439,13 +486,13 @@ def main(argv: list[str] | None = None) -> int:
         gains = window_gains(
             requests, got.cached, trace.block_size, comps, params, skip, args.windows
         )
-        warm = (
-            window_gains(
-                requests, got.cached, trace.block_size, comps, params, skip, args.windows, True
-            )
-            if args.cached_before
-            else None
-        )
+        warm = None
+        if args.cached_before:
+            warm = window_gains(
+                requests, got.cached, trace.block_size, comps, params, skip, args.windows,
+                anywhere=args.cached_before == "anywhere",
+                placed_on=got.workers if args.cached_before == "held" else None,
+            )  # fmt: skip
         print(
             f"{len(gains)} windows of {args.windows:g} s replayed one by one; gain over the first:"
         )
@@ -455,9 +502,10 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"  {str(comp):<16} mean TTFT: simulator, whole {sim_gain:+.1%}   windows: mean "
                 f"{gains[:, i, 0].mean():+.1%}, sd {gains[:, i, 0].std():.1%}"
-                + _warm(warm, i, 0)
+                + _warm(warm, i, 0, args.cached_before)
                 + f"\n  {'':<16} P90 TTFT:  simulator, whole {sim_p90:+.1%}   windows: mean "
-                f"{gains[:, i, 1].mean():+.1%}, sd {gains[:, i, 1].std():.1%}" + _warm(warm, i, 1)
+                f"{gains[:, i, 1].mean():+.1%}, sd {gains[:, i, 1].std():.1%}"
+                + _warm(warm, i, 1, args.cached_before)
             )
     if args.decompose:
         how = f"windows of {args.windows:g} s" if args.windows else "the whole stretch"

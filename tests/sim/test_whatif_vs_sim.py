@@ -6,6 +6,8 @@ two agree to the float; that is the base the bias is measured from
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from tests.conftest import bench_script
@@ -24,9 +26,8 @@ def test_without_reuse_the_replay_is_the_simulator():
     assert len(keys) == len(set(keys))
     assert [q.arrival_s for q in requests] == [2.0 * q.arrival_s for q in trace.requests]
     comps = [Composition.parse("10xCP4"), Composition.parse("6xCP4+2xCP8")]
-    sim_s, replay_s, n, first_idle_s, _, _, _ = b.compare(
-        requests, trace.block_size, comps, PlacementParams(), 20.0, first_idle=True
-    )
+    got = b.compare(requests, trace.block_size, comps, PlacementParams(), 20.0, first_idle=True)
+    sim_s, replay_s, n, first_idle_s = got.sim_s, got.replay_s, got.requests, got.first_idle_s
     assert n == sum(q.arrival_s >= 20.0 for q in requests) > 100
     assert replay_s == pytest.approx(sim_s, rel=1e-9)
     # Which idle worker takes a request matters only through the caches.
@@ -168,3 +169,49 @@ def test_cached_before_asks_for_windows(capsys):
     assert (
         "--cached-before changes the window replays; give --windows too" in capsys.readouterr().err
     )
+
+
+def test_held_windows_start_where_the_first_pool_held_each_prefix():
+    """``--cached-before held``: each window's replays start from the first
+    composition's simulated placements, carried along the controller's path to the
+    others; a composition no one-way path reaches is not estimated."""
+    from vertumnus.core import planner, probes
+
+    b = bench_script("whatif_vs_sim.py")
+    trace = load_trace("synthetic:duration_s=120,mean_rate=30", seed=3)
+    requests = list(trace.requests)
+    comps = [Composition.parse(c) for c in ("6xCP4+2xCP8", "10xCP4", "2xCP4+4xCP8")]
+    params = PlacementParams()
+    got = b.compare(requests, trace.block_size, comps, params, 20.0)
+    assert set(got.workers) == {q.id for q in requests}
+    cold = b.window_gains(requests, got.cached, trace.block_size, comps, params, 20.0, 25.0)
+    held = b.window_gains(
+        requests, got.cached, trace.block_size, comps, params, 20.0, 25.0, placed_on=got.workers
+    )
+    assert held.shape == cold.shape and not (held == cold).all()
+    # The second window by hand: the split's replay from the first pool's holders.
+    inside = [q for q in sorted(requests, key=lambda q: q.arrival_s) if 45.0 <= q.arrival_s < 70.0]
+    rows = [(q.arrival_s, q.length, got.cached[q.id], q.block_keys) for q in inside]
+    table = whatif.RequestTable(
+        rows, trace.block_size, load_model(), (4, 8), [got.workers[q.id] for q in inside]
+    )
+    assert (table.held_before() >= 0).any()  # prefixes cached before the window
+    layout = planner.layout_for(comps[0])
+    idle = [planner.WorkerObservation(s.worker, 0.0, 0.0) for s in layout.slots]
+    split = planner.free_path(
+        layout, (), "split", planner.PlannerSettings(degrees=(4, 8)), idle, target=comps[1]
+    )
+    heirs = probes.Heirs(layout)
+    at = whatif.holder_rows(table.held_before(), heirs.workers)
+    e = [
+        whatif.estimate(table, c, params, held=whatif.holders_on(at, heirs.after(p)))
+        for c, p in ((comps[0], []), (comps[1], split))
+    ]
+    assert held[1, 1, 0] == pytest.approx(1.0 - e[1].mean_s / e[0].mean_s, rel=1e-12)
+    # A merge path reaches 2xCP4+4xCP8 as well.
+    assert not math.isnan(held[1, 2, 0])
+    # From 10xCP4, 4xCP2+6xCP4+1xCP8 needs a split and a merge: no one-way path.
+    ten, mixed = Composition.parse("10xCP4"), Composition.parse("4xCP2+6xCP4+1xCP8")
+    paths = b.held_paths([ten, comps[0], mixed], [2, 4, 8])[1]
+    assert paths[1] is not None and paths[1][-1].composition == comps[0]
+    assert paths[2] is None

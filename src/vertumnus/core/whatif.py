@@ -149,7 +149,8 @@ class RequestTable:
     pairs them at placement, see :class:`vertumnus.core.windows.ControlWindows`).
     Rows are sorted by arrival (stable) and ``arrivals`` made relative to the
     first one. Requests too long for a degree (the model's memory limit) get
-    Ê = inf there.
+    Ê = inf there. ``workers``: per request, the worker of the pool it was placed
+    on (for :meth:`held_before`; None: not known).
     """
 
     __slots__ = (
@@ -163,6 +164,7 @@ class RequestTable:
         block_size: int,
         model: PrefillModel,
         degrees: Sequence[int],
+        workers: Sequence[int] | None = None,
     ) -> None:
         rows = list(requests)
         ids: dict[int, int] = {}  # reused key -> prefix id, in order of first reuse
@@ -180,6 +182,7 @@ class RequestTable:
                 n_prefixes=len(ids),
                 carrier_ids=np.array([i for i, _ in pairs], dtype=np.int64),
                 carrier_rows=np.array([pos for _, pos in pairs], dtype=np.int64),
+                workers=None if workers is None else np.array(workers, dtype=np.int64),
             ),
             model,
             degrees,
