@@ -1310,7 +1310,7 @@ def test_held_before_names_where_the_pool_served_a_prefix_cached_before_the_tabl
 
 def test_a_replay_starts_with_the_prefixes_where_they_were_held(model):
     # Two requests reuse Q at once; Q is held by the second CP4 worker. Cold, both
-    # miss; held, the one that goes there hits.
+    # miss; held, the first hits there and the second waits for it.
     q = tuple(range(1, 21))
     rows = [(0.0, 10752, 10240, (*q, 98)), (0.0, 10752, 10240, (*q, 99))]
     t = table(model, rows, (4,))
