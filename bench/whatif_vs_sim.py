@@ -34,8 +34,9 @@ queueing, is what the estimate gets wrong, this column comes closer
 ``--cached-before held`` replays each window instead from where the first
 composition's simulated pool held each prefix before it (the controller's
 ``whatif_held``): the first composition as it is, each other one after the
-path of splits or merges the controller walks to it from the first (its steady
-replay, no transition paid; "n/a" where no one-way path leads there).
+path of splits or merges the controller's walk takes to it from the first, whole
+(the check itself probes at most ``max_walk`` steps of a path), as its steady
+replay: no transition paid; "n/a" where no one-way path leads there.
 ``--phases SPEC`` (with ``--seed``) reshapes ``--trace`` as
 ``vertumnus simulate --phases`` does. ``--ties first`` adds a third column: the replay breaking ties as placement
 did until 2026-12-04 (of equal costs the lower worker, so the first idle worker
@@ -320,8 +321,10 @@ def held_paths(
 ) -> tuple[probes.Heirs, list[list[planner.PathStep] | None]]:
     """Where the first composition's cached prefixes go on each composition: its
     layout's :class:`~vertumnus.core.probes.Heirs`, and per composition the path of
-    splits or merges the controller's check walks to it (none for the first; None
-    where no path of one direction leads there)."""
+    splits or merges :func:`~vertumnus.core.planner.free_path` walks to it, whole (not
+    cut at ``max_walk`` as the check's probes are, so that a far composition is
+    estimated too; none for the first; None where no path of one direction leads
+    there)."""
     layout = planner.layout_for(comps[0])
     settings = planner.PlannerSettings(degrees=tuple(degrees))
     idle = [planner.WorkerObservation(s.worker, 0.0, 0.0) for s in layout.slots]
