@@ -952,17 +952,24 @@ def test_merges_are_damped_once_the_pool_flaps(model):
     assert [t.target for t in free][:4] == ["2xCP4", "1xCP8", "2xCP4", "1xCP8"]
 
 
-def _trough(model, ps: planner.PlannerSettings, memory: Memory | None = None):  # type: ignore[no-untyped-def]
-    """2xCP4 serving 16 short requests and one long one per hop for 15 hops (the looks
-    estimate that a merge to one CP8 loses), then a hop with two long requests alone
-    (a trough: the short ones stopped): the last look's tick."""
+_BUSY = [6000] * 24 + [60000] * 3
+"""A hop of a load where one CP8 queues and two CP4s do not (a long share of 1/9)."""
+_TROUGH = [6000] * 8 + [60000]
+"""A third of that load at the same mix: a merge to one CP8 serves it faster."""
+_LONG = [40000, 40000]
+"""Long requests alone: another mix (the short ones stopped)."""
+
+
+def _trough(model, ps: planner.PlannerSettings, last: list[int], memory: Memory | None = None):  # type: ignore[no-untyped-def]
+    """2xCP4 serving :data:`_BUSY` for 15 hops (the looks estimate that a merge to one
+    CP8 loses), then one hop of ``last``: the last look's tick."""
     huge = planner.CapacityProfile({4: 1000.0, 8: 1000.0})
     layout = planner.layout_for(Composition.parse("2xCP4"), 8)
     ctl = Controller(planner.initial_state(layout), huge, ps, model, memory=memory)
     rid, tick = 0, None
     for hop in range(16):
         t0 = 2.5 * hop
-        lengths = [6000] * 16 + [60000] if hop < 15 else [40000, 40000]
+        lengths = _BUSY if hop < 15 else last
         gap = 2.5 / len(lengths)
         for i, n in enumerate(lengths):
             ctl.windows.placed(Request(rid, t0 + gap * i, n, (1000 + rid,)), 1.0, 0)
@@ -973,24 +980,46 @@ def _trough(model, ps: planner.PlannerSettings, memory: Memory | None = None):  
     return tick
 
 
+# A change of arrivals at G >= 8, whatever the looks before saw (this pool's hops hold
+# tens of requests; a large pool's, hundreds).
+_TROUGH_SETTINGS = dict(
+    check_hops=8, persist_windows=2, min_requests=2, damp_flaps=2, whatif_change=8.0,
+    whatif_change_over=0.0,
+)  # fmt: skip
+
+
 def test_while_the_pool_flaps_a_merge_since_a_change_is_held_to_the_recall(model):
     """A rate that cycles within a window makes each trough a change of arrivals
     (on a large pool, with the counts to see it), and on the requests since it a merge
     pays decisively. While the pool flaps, such a merge is made only if the recall
     (the looks on this composition at the same mix) does not find that it loses."""
-    ps = settings(check_hops=8, persist_windows=2, min_requests=2, damp_flaps=2)
-    calm = _trough(model, ps)
+    ps = settings(**_TROUGH_SETTINGS)
+    calm = _trough(model, ps, _TROUGH)
     assert calm.whatif.verdict == "trigger" and calm.whatif.since_s == 2.5
     assert calm.target == "1xCP8"
     # The same look on a pool that flapped twice: the looks of the window before the
     # trough, at its mix, estimated that the merge loses.
     flapped = Memory(flaps=(0, 0), last_move=("split", 0))
-    held = _trough(model, ps, flapped)
+    held = _trough(model, ps, _TROUGH, flapped)
     assert held.whatif.verdict == "damped" and held.ops == () and held.target is None
     assert held.whatif.since_s == 2.5
     # Without the recall (off), damping lets a merge since a change through, as before.
-    free = _trough(model, replace(ps, whatif_recall_s=0.0), flapped)
+    free = _trough(model, replace(ps, whatif_recall_s=0.0), _TROUGH, flapped)
     assert free.whatif.verdict == "trigger" and free.target == "1xCP8"
+
+
+def test_while_the_pool_flaps_a_merge_at_a_change_of_mix_is_not_held_to_the_last_one(model):
+    """The recall reads the looks at the mix of the requests since the change. When
+    the short requests stop, the window's long fraction, nearly all from before the
+    change, is still the old mix's, whose looks estimated that the merge loses; the
+    requests since the change are another mix, and the merge is made (the previous
+    code damped it: the calibration mix's draws 7 and 16 held a phase change's merge
+    for two minutes)."""
+    ps = settings(**_TROUGH_SETTINGS)
+    flapped = Memory(flaps=(0, 0), last_move=("split", 0))
+    tick = _trough(model, ps, _LONG, flapped)
+    assert tick.whatif.verdict == "trigger" and tick.whatif.since_s == 2.5
+    assert tick.target == "1xCP8" and tick.ops
 
 
 def test_a_light_stretch_that_outlasts_the_horizon_is_merged_for_all_the_damping(model):

@@ -817,16 +817,28 @@ class Controller:
         self._goal = goal
         self.state = _nothing_started(before)
 
-    def _recalled(self, target: Composition) -> bool:
+    def _recalled(self, target: Composition, since: changepoint.Change | None = None) -> bool:
         """A merge toward ``target`` is not refuted by the recall
         (``PlannerSettings.whatif_recall_s``): the looks on the current composition,
         from this one back while their window's long fraction stays within a
         factor :data:`_SHIFT` of this one's (the same mix), estimated on average
-        that ``target`` does not lose. True without such a look."""
+        that ``target`` does not lose. True without such a look.
+
+        ``since``: the merge was decided on the requests since this change of
+        arrivals, and their long fraction is the mix the looks are read at. The
+        window's own, mostly from before the change, would hold a phase change's
+        merge to the looks at the phase before it (the calibration mix's draws 7
+        and 16: damped for two minutes into a long-heavy phase;
+        docs/benchmarks/adaptive.md, "The recall reads the mix since the change")."""
         if self.settings.whatif_recall_s <= 0 or not self._recall:
             return True
         name = str(target)
         now = self._recall[-1].long_fraction
+        if since is not None:
+            counts = self.windows.hop_counts()[-since.hops :]
+            n = sum(s + lg for s, lg in counts)
+            if n:
+                now = sum(lg for _, lg in counts) / n
         gains = []
         for look in reversed(self._recall):
             if not (now <= _SHIFT * look.long_fraction and look.long_fraction <= _SHIFT * now):
@@ -888,9 +900,12 @@ class Controller:
             # to see it); the looks on this composition at the same mix say whether
             # this merge lost lately (the 256-GPU longcontext heavy cell merged and
             # split back every 10 s; docs/benchmarks/adaptive.md, "Families at 256 GPUs").
+            # The mix they are read at is that of the requests since the change.
             and (
                 check.since_s is None
-                or not self._recalled(self.state.target or self._after(before.layout, ops))
+                or not self._recalled(
+                    self.state.target or self._after(before.layout, ops), check.change
+                )
             )
         ):
             self._stand(before, goal)

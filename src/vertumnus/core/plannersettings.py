@@ -245,7 +245,8 @@ class PlannerSettings:
     load and loses at its crest, where undoing it needs a drained split under the
     very load that makes it wrong; a window alone cannot tell a trough from a
     phase, and the looks of the last cycle can. A phase whose mix changed starts
-    the recall afresh. Splits are never held back. 0: off
+    the recall afresh: a merge decided on the requests since a change is recalled
+    at their long fraction, not the window's. Splits are never held back. 0: off
     (docs/benchmarks/adaptive.md, "Recall: a merge must not lose over the last
     cycle")."""
     damp_flaps: int = 2
