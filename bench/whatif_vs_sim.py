@@ -24,7 +24,9 @@ TTFT and on the P90: the mean over the windows and their standard deviation
 whole stretch. ``--decompose`` also splits each composition's TTFT per request into
 its wait and its prefill time, and counts the tokens reused, in the simulator and in
 the replay (window by window with ``--windows``): where the two part ways
-(docs/benchmarks/adaptive.md, "The estimate's bias on mooncake, again").
+(docs/benchmarks/adaptive.md, "The estimate's bias on mooncake, again"); with
+``--cached-before held`` also the windows replayed from the pool's cache
+(docs/benchmarks/adaptive.md, "The recall reads the mix since the change").
 ``--cached-before anywhere`` (with ``--windows``) also replays each window with every
 prefix cached before it held by every worker at its first reuse
 (:func:`vertumnus.core.whatif.cached_before_anywhere`, the controller's
@@ -344,14 +346,19 @@ def decompose(
     params: PlacementParams,
     skip_s: float,
     window_s: float | None,
-) -> list[dict[str, dict[str, float]]]:
+    placed_on: dict[int, int] | None = None,
+) -> list[dict[str, dict[str, float]] | None]:
     """Per composition, what a scored request's TTFT is made of in the simulator and in
     the replay (window by window with ``window_s``, as :func:`windows` cuts them, else
     the whole stretch): the mean wait, prefill time and reused tokens per request, over
     the requests the replay served, and in the replay the share of requests with a
-    prefix to reuse that reused it (they reuse it whole, or not at all)."""
+    prefix to reuse that reused it (they reuse it whole, or not at all). ``placed_on``:
+    the replays start where the first composition's pool held the prefixes, as
+    :func:`window_gains`' (``--cached-before held``; None for a composition no
+    one-way path leads to)."""
     model = load_model()
     degrees = sorted({d for c in comps for d in c.degrees})
+    inherit = None if placed_on is None else held_paths(comps, degrees)
     if window_s is None:
         spans = [sorted((q for q in requests if q.arrival_s >= skip_s), key=lambda q: q.arrival_s)]
     else:
@@ -361,17 +368,30 @@ def decompose(
     served: list[list[tuple[int, float, float, int, bool | None]]] = [[] for _ in comps]
     for inside in spans:
         rows = replay_rows(inside, got.cached, -math.inf, math.inf)
-        table = whatif.RequestTable(rows, block_size, model, degrees)
-        for comp, out in zip(comps, served, strict=True):
+        on = None if placed_on is None else [placed_on[q.id] for q in inside]
+        table = whatif.RequestTable(rows, block_size, model, degrees, on)
+        for i, (comp, out) in enumerate(zip(comps, served, strict=True)):
+            held = None
+            if inherit is not None:
+                heirs, paths = inherit
+                path = paths[i]
+                if path is None:
+                    continue  # no one-way path there: nothing to decompose
+                at = whatif.holder_rows(table.held_before(), heirs.workers)
+                held = whatif.holders_on(at, heirs.after(path))
             record: list[tuple[float, float, bool]] = []
-            whatif.estimate(table, comp, params, variant=partial(whatif.replay_py, record=record))
+            variant = partial(whatif.replay_py, record=record)
+            whatif.estimate(table, comp, params, variant=variant, held=held)
             # Arrival order: the table's, and so the record's.
             for q, row, (wait, prefill, hit) in zip(inside, rows, record, strict=True):
                 if not math.isnan(wait):
                     reused = row[2] if hit else 0
                     out.append((q.id, wait, prefill, reused, hit if row[2] > 0 else None))
-    parts = []
+    parts: list[dict[str, dict[str, float]] | None] = []
     for i, replayed in enumerate(served):
+        if not replayed:
+            parts.append(None)
+            continue
         # The simulator's side over the same requests.
         sim = [got.served[i][r[0]] for r in replayed]
         hits = [r[4] for r in replayed if r[4] is not None]
@@ -512,17 +532,25 @@ def main(argv: list[str] | None = None) -> int:
             )
     if args.decompose:
         how = f"windows of {args.windows:g} s" if args.windows else "the whole stretch"
-        print(f"per scored request (replay: {how}): wait, prefill, reused tokens")
-        parts = decompose(requests, got, trace.block_size, comps, params, skip, args.windows)
-        for comp, part in zip(comps, parts, strict=True):
-            sim, rep = part["simulator"], part["replay"]
-            print(
-                f"  {str(comp):<16} simulator {1e3 * sim['wait_s']:6.1f} ms "
-                f"{1e3 * sim['prefill_s']:6.1f} ms {sim['reused_tokens']:7.0f}   "
-                f"replay {1e3 * rep['wait_s']:6.1f} ms {1e3 * rep['prefill_s']:6.1f} ms "
-                f"{rep['reused_tokens']:7.0f} (reused by {rep['reused_share']:.0%} of those "
-                "with a prefix)"
+        held = args.cached_before == "held" and args.windows
+        for placed_on in (None, got.workers) if held else (None,):
+            start = "" if placed_on is None else ", from the first composition's pool's cache"
+            print(f"per scored request (replay: {how}{start}): wait, prefill, reused tokens")
+            parts = decompose(
+                requests, got, trace.block_size, comps, params, skip, args.windows, placed_on
             )
+            for comp, part in zip(comps, parts, strict=True):
+                if part is None:
+                    print(f"  {str(comp):<16} n/a")
+                    continue
+                sim, rep = part["simulator"], part["replay"]
+                print(
+                    f"  {str(comp):<16} simulator {1e3 * sim['wait_s']:6.1f} ms "
+                    f"{1e3 * sim['prefill_s']:6.1f} ms {sim['reused_tokens']:7.0f}   "
+                    f"replay {1e3 * rep['wait_s']:6.1f} ms {1e3 * rep['prefill_s']:6.1f} ms "
+                    f"{rep['reused_tokens']:7.0f} (reused by {rep['reused_share']:.0%} of those "
+                    "with a prefix)"
+                )
     return 0
 
 

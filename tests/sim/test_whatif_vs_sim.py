@@ -215,3 +215,41 @@ def test_held_windows_start_where_the_first_pool_held_each_prefix():
     paths = b.held_paths([ten, comps[0], mixed], [2, 4, 8])[1]
     assert paths[1] is not None and paths[1][-1].composition == comps[0]
     assert paths[2] is None
+
+
+def test_held_windows_are_decomposed_as_they_are_replayed():
+    """``--decompose`` with ``--cached-before held``: the parts of the windows replayed
+    from the first pool's cache add up to those replays' TTFTs, reuse more than the
+    cold windows, and a composition no one-way path reaches has none."""
+    b = bench_script("whatif_vs_sim.py")
+    trace = load_trace("synthetic:duration_s=120,mean_rate=30", seed=3)
+    requests = list(trace.requests)
+    comps = [Composition.parse(c) for c in ("10xCP4", "6xCP4+2xCP8", "4xCP2+6xCP4+1xCP8")]
+    params = PlacementParams()
+    got = b.compare(requests, trace.block_size, comps, params, 20.0)
+    cold = b.decompose(requests, got, trace.block_size, comps, params, 20.0, 25.0)
+    held = b.decompose(requests, got, trace.block_size, comps, params, 20.0, 25.0, got.workers)
+    assert held[2] is None and cold[2] is not None
+    for warm, first in zip(held[:2], cold[:2], strict=True):
+        assert warm is not None and first is not None
+        assert warm["simulator"] == first["simulator"]  # the same requests
+        assert warm["replay"]["reused_tokens"] > first["replay"]["reused_tokens"]
+    # The first composition's parts are those of its held window replays, request by request.
+    inside = [q for q in sorted(requests, key=lambda q: q.arrival_s) if 20.0 <= q.arrival_s < 95.0]
+    ttfts = []
+    for lo in (20.0, 45.0, 70.0):
+        rows = [
+            (q.arrival_s, q.length, got.cached[q.id], q.block_keys)
+            for q in inside
+            if lo <= q.arrival_s < lo + 25.0
+        ]
+        on = [got.workers[q.id] for q in inside if lo <= q.arrival_s < lo + 25.0]
+        table = whatif.RequestTable(rows, trace.block_size, load_model(), (2, 4, 8), on)
+        heirs = b.held_paths(comps, [2, 4, 8])[0]
+        at = whatif.holder_rows(table.held_before(), heirs.workers)
+        e = whatif.estimate(table, comps[0], params, held=whatif.holders_on(at, heirs.after([])))
+        ttfts += [e.mean_s] * e.requests
+    first = held[0]
+    assert first is not None
+    mean = first["replay"]["wait_s"] + first["replay"]["prefill_s"]
+    assert mean == pytest.approx(sum(ttfts) / len(ttfts), rel=1e-9)
