@@ -236,6 +236,7 @@ def test_held_windows_are_decomposed_as_they_are_replayed():
         assert warm["replay"]["reused_tokens"] > first["replay"]["reused_tokens"]
     # The first composition's parts are those of its held window replays, request by request.
     inside = [q for q in sorted(requests, key=lambda q: q.arrival_s) if 20.0 <= q.arrival_s < 95.0]
+    heirs = b.held_paths(comps, [2, 4, 8])[0]
     ttfts = []
     for lo in (20.0, 45.0, 70.0):
         rows = [
@@ -245,7 +246,6 @@ def test_held_windows_are_decomposed_as_they_are_replayed():
         ]
         on = [got.workers[q.id] for q in inside if lo <= q.arrival_s < lo + 25.0]
         table = whatif.RequestTable(rows, trace.block_size, load_model(), (2, 4, 8), on)
-        heirs = b.held_paths(comps, [2, 4, 8])[0]
         at = whatif.holder_rows(table.held_before(), heirs.workers)
         e = whatif.estimate(table, comps[0], params, held=whatif.holders_on(at, heirs.after([])))
         ttfts += [e.mean_s] * e.requests
