@@ -39,6 +39,10 @@ composition's simulated pool held each prefix before it (the controller's
 path of splits or merges the controller's walk takes to it from the first, whole
 (the check itself probes at most ``max_walk`` steps of a path), as its steady
 replay: no transition paid; "n/a" where no one-way path leads there.
+``--ancestors`` (with ``--cached-before held``) adds those windows replayed by a
+variant (:func:`ancestors_replay`): a request reuses the longest shorter prefix a
+worker holds where its whole one is not held, and a prefix keeps every worker that
+served it (docs/benchmarks/adaptive.md, "The recall reads the mix since the change").
 ``--phases SPEC`` (with ``--seed``) reshapes ``--trace`` as
 ``vertumnus simulate --phases`` does. ``--ties first`` adds a third column: the replay breaking ties as placement
 did until 2026-12-04 (of equal costs the lower worker, so the first idle worker
@@ -182,6 +186,112 @@ def first_idle_replay(
     return ttft
 
 
+def ancestor_levels(
+    rows: Sequence[tuple[float, int, int, Sequence[int]]], block_size: int
+) -> list[list[tuple[int, int]]]:
+    """Per row of a table built from ``rows`` (in arrival order), the shorter prefixes
+    of the one it reuses that some row of the table reuses whole: (prefix id, tokens),
+    shortest first. Ids as :class:`~vertumnus.core.whatif.RequestTable` numbers them
+    (in order of first reuse)."""
+    ids: dict[int, int] = {}
+    for r in rows:
+        k = whatif.reused_key(r[3], r[2], block_size)
+        if k is not None:
+            ids.setdefault(k, len(ids))
+    out = []
+    for length, cached, keys in ((r[1], r[2], r[3]) for r in rows):
+        m = min(-(-cached // block_size), len(keys)) if cached > 0 else 0
+        out.append(
+            [
+                (ids[k], min((j + 1) * block_size, length))
+                for j, k in enumerate(keys[: max(0, m - 1)])
+                if k in ids
+            ]
+        )
+    return out
+
+
+def ancestors_replay(
+    table: whatif.RequestTable,
+    index: Sequence[int],
+    worker_starts: Sequence[Sequence[float]],
+    lam_terms: Sequence[float],
+    beta: float,
+    extra: float,
+    levels: Sequence[Sequence[tuple[int, int]]] = (),
+    lengths: Sequence[int] = (),
+    held: np.ndarray | None = None,
+) -> list[float]:
+    """:func:`vertumnus.core.whatif.replay_py` with two things the shipped replay leaves
+    out (``--ancestors``; docs/benchmarks/adaptive.md, "The recall reads the mix since
+    the change"): where a request's prefix is not held, it reuses the longest of its
+    ``levels`` (:func:`ancestor_levels`) that is, and the holders of those are
+    candidates too; and a prefix keeps every worker that served it, not the last
+    :data:`~vertumnus.core.whatif.HOLDERS`. A variant to measure, not to ship: with a
+    prefix every request shares, each request looks at every worker."""
+    model = load_model()
+    degrees = [table.degrees[k] for k in index]
+    arrivals, reused, carries, hits, misses, free, row_of = whatif.replay_inputs(
+        table, index, worker_starts
+    )
+    heaps: list[list[tuple[float, int]]] = [[] for _ in worker_starts]
+    for w, (f, k) in enumerate(zip(free, row_of, strict=True)):
+        heaps[k].append((f, w))
+    for heap in heaps:
+        heapq.heapify(heap)
+    waiting = whatif.WaitingWorkers(len(free))
+    # Prefix id -> every worker that served it, least recent first (as the shipped
+    # replay's bounded lists; candidates are read in that order).
+    holders: dict[int, dict[int, None]] = {}
+    if held is not None:
+        for pid, w in enumerate(held[: table.n_prefixes].tolist()):
+            if 0 <= w < len(free):
+                holders[pid] = {w: None}
+    ttft: list[float] = []
+    for i, a in enumerate(arrivals):
+        b = waiting.beta(a, beta, extra)
+        hold = holders.get(reused[i], {}) if reused[i] >= 0 else {}
+
+        def prefill(w: int, k: int, i: int = i, hold: dict[int, None] = hold) -> float:
+            if w in hold:
+                return hits[k][i]
+            for pid, tokens in reversed(levels[i]):
+                if w in holders.get(pid, ()) and math.isfinite(misses[k][i]):
+                    return model.predict(degrees[k], lengths[i] - tokens, tokens)
+            return misses[k][i]
+
+        candidates = []
+        for heap in heaps:
+            while heap[0][0] != free[heap[0][1]]:
+                heapq.heappop(heap)
+            candidates.append(heap[0][1])
+        candidates += hold
+        for pid, _ in levels[i]:
+            candidates += holders.get(pid, {})
+        best: tuple[float, int] = (math.inf, -1)
+        best_start = best_e = 0.0
+        for w in candidates:
+            k = row_of[w]
+            e = prefill(w, k)
+            start = max(free[w], a)
+            cost = (start - a) + (b + lam_terms[k]) * e
+            if cost < best[0]:
+                best, best_start, best_e = (cost, w), start, e
+        w = best[1]
+        if w < 0:
+            ttft.append(math.nan)
+            continue
+        free[w] = best_start + best_e
+        heapq.heappush(heaps[row_of[w]], (free[w], w))
+        waiting.placed(w, best_start, a)
+        for pid in carries[i]:
+            those = holders.setdefault(pid, {})
+            those.pop(w, None)
+            those[w] = None  # most recent last
+        ttft.append(free[w] - a)
+    return ttft
+
+
 class Comparison(NamedTuple):
     """Per composition, mean TTFT without T_ext of the scored requests."""
 
@@ -284,6 +394,7 @@ def window_gains(
     window_s: float,
     anywhere: bool = False,
     placed_on: dict[int, int] | None = None,
+    ancestors: bool = False,
 ) -> np.ndarray:
     """Per window (:func:`windows`), each composition's estimated gain over the first,
     the window replayed on its own as the controller replays one: rows are windows,
@@ -291,24 +402,32 @@ def window_gains(
     ``anywhere``: the prefixes cached before each window hit anywhere
     (:func:`vertumnus.core.whatif.cached_before_anywhere`). ``placed_on`` (request id →
     its worker on the first composition): each replay starts where that pool held
-    the prefixes (module docstring, ``--cached-before held``; nan where no path)."""
+    the prefixes (module docstring, ``--cached-before held``; nan where no path).
+    ``ancestors`` (with ``placed_on``): with :func:`ancestors_replay` instead of the
+    shipped replay (``--ancestors``)."""
     model = load_model()
     degrees = sorted({d for c in comps for d in c.degrees})
     inherit = None if placed_on is None else held_paths(comps, degrees)
     gains = []
-    for inside in windows(requests, skip_s, window_s):
+    for inside in windows(requests, skip_s, window_s):  # in arrival order, as the table's
         rows = replay_rows(inside, cached, -math.inf, math.inf)
         on = None if placed_on is None else [placed_on[q.id] for q in inside]
         table = whatif.RequestTable(rows, block_size, model, degrees, on)
         if anywhere:
             table = whatif.cached_before_anywhere(table)
+        variant = None
+        if ancestors:
+            levels = ancestor_levels(rows, block_size)
+            variant = partial(ancestors_replay, levels=levels, lengths=[r[1] for r in rows])
         if inherit is None:
             found = [whatif.estimate(table, c, params) for c in comps]
         else:
             heirs, paths = inherit
             at = whatif.holder_rows(table.held_before(), heirs.workers)
             found = [
-                whatif.estimate(table, c, params, held=whatif.holders_on(at, heirs.after(p)))
+                whatif.estimate(
+                    table, c, params, held=whatif.holders_on(at, heirs.after(p)), variant=variant
+                )
                 if p is not None
                 else whatif.Estimate(c, math.nan, math.nan, table.n)
                 for c, p in zip(comps, paths, strict=True)
@@ -467,6 +586,12 @@ def main(argv: list[str] | None = None) -> int:
         help="first: also the replay with placement's former tie-break (the first idle worker)",
     )
     ap.add_argument(
+        "--ancestors",
+        action="store_true",
+        help="with --cached-before held: also those windows replayed with ancestor reuse and "
+        "no bound on a prefix's holders (a variant of the replay, to measure)",
+    )
+    ap.add_argument(
         "--cached-before",
         choices=("anywhere", "held"),
         help="with --windows: also the window replays with every prefix cached before the "
@@ -490,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--compositions must each be of --gpus {args.gpus} GPUs, got {args.compositions}")
     if args.cached_before and not args.windows:
         ap.error("--cached-before changes the window replays; give --windows too")
+    if args.ancestors and args.cached_before != "held":
+        ap.error("--ancestors varies the held window replays; give --cached-before held too")
     if args.phases and not args.trace:
         ap.error("--phases reshapes --trace; give --trace too")
     trace, skip = _stream(args)
@@ -516,6 +643,12 @@ def main(argv: list[str] | None = None) -> int:
                 anywhere=args.cached_before == "anywhere",
                 placed_on=got.workers if args.cached_before == "held" else None,
             )  # fmt: skip
+        variant = None
+        if args.ancestors:
+            variant = window_gains(
+                requests, got.cached, trace.block_size, comps, params, skip, args.windows,
+                placed_on=got.workers, ancestors=True,
+            )  # fmt: skip
         print(
             f"{len(gains)} windows of {args.windows:g} s replayed one by one; gain over the first:"
         )
@@ -526,9 +659,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"  {str(comp):<16} mean TTFT: simulator, whole {sim_gain:+.1%}   windows: mean "
                 f"{gains[:, i, 0].mean():+.1%}, sd {gains[:, i, 0].std():.1%}"
                 + _warm(warm, i, 0, args.cached_before)
+                + _warm(variant, i, 0, "held, ancestors")
                 + f"\n  {'':<16} P90 TTFT:  simulator, whole {sim_p90:+.1%}   windows: mean "
                 f"{gains[:, i, 1].mean():+.1%}, sd {gains[:, i, 1].std():.1%}"
                 + _warm(warm, i, 1, args.cached_before)
+                + _warm(variant, i, 1, "held, ancestors")
             )
     if args.decompose:
         how = f"windows of {args.windows:g} s" if args.windows else "the whole stretch"

@@ -119,6 +119,9 @@ def test_bad_arguments_are_refused_by_name(capsys):
     with pytest.raises(SystemExit):
         b.main(["--family", "toolagent", "--load", "light", "--gpus", "0"])
     assert "--gpus" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        b.main(["--trace", "synthetic:duration_s=10", "--windows", "5", "--ancestors"])
+    assert "--ancestors varies the held window replays" in capsys.readouterr().err
 
 
 def test_a_family_cell_is_scaled_to_the_gpus_asked_for(monkeypatch):
@@ -253,3 +256,44 @@ def test_held_windows_are_decomposed_as_they_are_replayed():
     assert first is not None
     mean = first["replay"]["wait_s"] + first["replay"]["prefill_s"]
     assert mean == pytest.approx(sum(ttfts) / len(ttfts), rel=1e-9)
+
+
+def test_the_ancestors_variant_reuses_a_shorter_prefix_where_the_whole_one_is_not_held():
+    """``--ancestors``: without shorter prefixes to reuse and with fewer holders than
+    the shipped bound, the variant is the shipped replay to the float; a request whose
+    prefix is held only by a busy worker reuses, at an idle one, the shorter prefix
+    that one holds."""
+    b = bench_script("whatif_vs_sim.py")
+    model, params, bs = load_model(), PlacementParams(), 16
+    # Two CP4s. r0 and r1 start two conversations (a, b) on both workers; r2 extends
+    # a's (reuses a2, whose ancestor a1 r1 does not carry); r3, arriving while
+    # r2 runs, reuses a2 + a3 (held at r2's worker only, busy) and has a1 (reused by
+    # r4 later, so a prefix id) held by both.
+    a1, a2, a3, b1 = 11, 12, 13, 21
+    rows = [
+        (0.0, 4 * bs, 0, (a1, a2, 99)),
+        (0.0, 4 * bs, 0, (a1, b1, 98)),
+        (1.0, 40 * bs, 2 * bs, (a1, a2, a3) + tuple(range(200, 237))),
+        (1.001, 40 * bs, 3 * bs, (a1, a2, a3) + tuple(range(300, 337))),
+        (5.0, 2 * bs, bs, (a1, 97)),
+    ]
+    levels = b.ancestor_levels(rows, bs)
+    table = whatif.RequestTable(rows, bs, model, (4,))
+    ids = {k: int(table.reused[i]) for i, k in ((2, a2), (3, a3), (4, a1))}
+    assert levels[3] == [(ids[a1], bs), (ids[a2], 2 * bs)]
+    assert levels[2] == [(ids[a1], bs)] and levels[0] == levels[4] == []
+    two = Composition.parse("2xCP4")
+    lengths = [r[1] for r in rows]
+    shipped = whatif.estimate(table, two, params, variant=whatif.replay_py)
+    none = b.ancestors_replay
+    alone = whatif.estimate(
+        table, two, params,
+        variant=lambda *a, **k: none(*a, levels=[[] for _ in rows], lengths=lengths, **k),
+    )  # fmt: skip
+    assert alone == shipped
+    with_them = whatif.estimate(
+        table, two, params,
+        variant=lambda *a, **k: none(*a, levels=levels, lengths=lengths, **k),
+    )  # fmt: skip
+    # r3 no longer recomputes its whole prompt beside the busy worker: faster.
+    assert with_them.mean_s < shipped.mean_s
