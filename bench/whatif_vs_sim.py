@@ -142,12 +142,8 @@ def first_idle_replay(
     # Per degree the workers busy at the last arrival (a heap of (free time,
     # worker)) and the idle ones (a heap of workers); both lazy: a busy entry is
     # current while it equals free[worker], an idle one while the worker is free.
-    busy: list[list[tuple[float, int]]] = [[] for _ in worker_starts]
+    busy = whatif.degree_heaps(free, row_of, len(worker_starts))
     idle: list[list[int]] = [[] for _ in worker_starts]
-    for w, (f, k) in enumerate(zip(free, row_of, strict=True)):
-        busy[k].append((f, w))
-    for heap in busy:
-        heapq.heapify(heap)
     waiting = whatif.WaitingWorkers(len(free))
     holders: dict[int, dict[int, None]] = {}
     ttft: list[float] = []
@@ -234,19 +230,11 @@ def ancestors_replay(
     arrivals, reused, carries, hits, misses, free, row_of = whatif.replay_inputs(
         table, index, worker_starts
     )
-    heaps: list[list[tuple[float, int]]] = [[] for _ in worker_starts]
-    for w, (f, k) in enumerate(zip(free, row_of, strict=True)):
-        heaps[k].append((f, w))
-    for heap in heaps:
-        heapq.heapify(heap)
+    heaps = whatif.degree_heaps(free, row_of, len(worker_starts))
     waiting = whatif.WaitingWorkers(len(free))
     # Prefix id -> every worker that served it, least recent first (as the shipped
     # replay's bounded lists; candidates are read in that order).
-    holders: dict[int, dict[int, None]] = {}
-    if held is not None:
-        for pid, w in enumerate(held[: table.n_prefixes].tolist()):
-            if 0 <= w < len(free):
-                holders[pid] = {w: None}
+    holders = whatif.held_holders(held, table.n_prefixes, len(free))
     ttft: list[float] = []
     for i, a in enumerate(arrivals):
         b = waiting.beta(a, beta, extra)
@@ -284,10 +272,8 @@ def ancestors_replay(
         free[w] = best_start + best_e
         heapq.heappush(heaps[row_of[w]], (free[w], w))
         waiting.placed(w, best_start, a)
-        for pid in carries[i]:
-            those = holders.setdefault(pid, {})
-            those.pop(w, None)
-            those[w] = None  # most recent last
+        # Bounded by the pool: no worker is forgotten.
+        whatif.remember_holder(holders, carries[i], w, bound=len(free))
         ttft.append(free[w] - a)
     return ttft
 

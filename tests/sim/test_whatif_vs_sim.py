@@ -238,16 +238,11 @@ def test_held_windows_are_decomposed_as_they_are_replayed():
         assert warm["simulator"] == first["simulator"]  # the same requests
         assert warm["replay"]["reused_tokens"] > first["replay"]["reused_tokens"]
     # The first composition's parts are those of its held window replays, request by request.
-    inside = [q for q in sorted(requests, key=lambda q: q.arrival_s) if 20.0 <= q.arrival_s < 95.0]
     heirs = b.held_paths(comps, [2, 4, 8])[0]
     ttfts = []
-    for lo in (20.0, 45.0, 70.0):
-        rows = [
-            (q.arrival_s, q.length, got.cached[q.id], q.block_keys)
-            for q in inside
-            if lo <= q.arrival_s < lo + 25.0
-        ]
-        on = [got.workers[q.id] for q in inside if lo <= q.arrival_s < lo + 25.0]
+    for inside in b.windows(requests, 20.0, 25.0):
+        rows = b.replay_rows(inside, got.cached, -math.inf, math.inf)
+        on = [got.workers[q.id] for q in inside]
         table = whatif.RequestTable(rows, trace.block_size, load_model(), (2, 4, 8), on)
         at = whatif.holder_rows(table.held_before(), heirs.workers)
         e = whatif.estimate(table, comps[0], params, held=whatif.holders_on(at, heirs.after([])))

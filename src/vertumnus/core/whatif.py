@@ -57,7 +57,9 @@ __all__ = [
     "WaitingWorkers",
     "best_of",
     "cached_before_anywhere",
+    "degree_heaps",
     "estimate",
+    "held_holders",
     "holder_rows",
     "holders_on",
     "p90",
@@ -454,21 +456,11 @@ def replay_py(
     arrivals, reused, carries, hits, misses, free, row_of = replay_inputs(
         table, index, worker_starts
     )
-    # Per degree a heap of (free time, worker), lazily updated: an entry is
-    # current while it equals free[worker].
-    heaps: list[list[tuple[float, int]]] = [[] for _ in worker_starts]
-    for w, (f, k) in enumerate(zip(free, row_of, strict=True)):
-        heaps[k].append((f, w))
-    for heap in heaps:
-        heapq.heapify(heap)
+    heaps = degree_heaps(free, row_of, len(worker_starts))
     waiting = WaitingWorkers(len(free))
-    holders: dict[int, dict[int, None]] = {}
+    holders = held_holders(held, table.n_prefixes, len(free))
     """Reused prefix id → the (at most ``HOLDERS``) workers that served it last, least
     recent first (a dict: ordered, as the compiled twin's arrays)."""
-    if held is not None:
-        for pid, w in enumerate(held[: table.n_prefixes].tolist()):
-            if 0 <= w < len(free):
-                holders[pid] = {w: None}
     ttft: list[float] = []
     rows = range(len(heaps))
     for i, a in enumerate(arrivals):
@@ -531,6 +523,33 @@ def replay_inputs(
     return arrivals, reused, carries, hits, misses, free, row_of
 
 
+def degree_heaps(
+    free: Sequence[float], row_of: Sequence[int], degrees: int
+) -> list[list[tuple[float, int]]]:
+    """Per degree row of a Python replay (:func:`replay_inputs`), a heap of (free time,
+    worker) of its workers, to be lazily updated: an entry is current while it equals
+    ``free[worker]``."""
+    heaps: list[list[tuple[float, int]]] = [[] for _ in range(degrees)]
+    for w, (f, k) in enumerate(zip(free, row_of, strict=True)):
+        heaps[k].append((f, w))
+    for heap in heaps:
+        heapq.heapify(heap)
+    return heaps
+
+
+def held_holders(
+    held: np.ndarray | None, n_prefixes: int, n_workers: int
+) -> dict[int, dict[int, None]]:
+    """The holders a Python replay starts from: per prefix id, the worker ``held``
+    names (:func:`estimate`'s; -1 or a worker not in the replay: none)."""
+    holders: dict[int, dict[int, None]] = {}
+    if held is not None:
+        for pid, w in enumerate(held[:n_prefixes].tolist()):
+            if 0 <= w < n_workers:
+                holders[pid] = {w: None}
+    return holders
+
+
 class WaitingWorkers:
     """The workers with a request waiting in a replay: the last request given to one
     has not started yet. β_i grows with their share, as placement's load-dependent β
@@ -566,12 +585,15 @@ class WaitingWorkers:
 
 
 def remember_holder(
-    holders: dict[int, dict[int, None]], carried: Iterable[int], worker: int
+    holders: dict[int, dict[int, None]],
+    carried: Iterable[int],
+    worker: int,
+    bound: int = HOLDERS,
 ) -> None:
     """``worker`` served a request carrying the prefixes ``carried``: it becomes their
-    most recent holder, and a prefix held by :data:`HOLDERS` workers already forgets
-    the least recent one (it has evicted it). ``holders``: prefix id → its holders,
-    least recent first (a dict: ordered, as the compiled twin's arrays)."""
+    most recent holder, and a prefix held by ``bound`` workers already forgets the
+    least recent one (it has evicted it). ``holders``: prefix id → its holders, least
+    recent first (a dict: ordered, as the compiled twin's arrays)."""
     for pid in carried:
         held = holders.get(pid)
         if held is None:
@@ -579,7 +601,7 @@ def remember_holder(
             continue
         if worker in held:
             del held[worker]  # most recent last
-        elif len(held) >= HOLDERS:
+        elif len(held) >= bound:
             del held[next(iter(held))]
         held[worker] = None
 
