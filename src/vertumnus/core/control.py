@@ -126,6 +126,18 @@ class WhatIf:
         }
 
 
+def _tallies(
+    counts: Sequence[tuple[int, int]], hops: int
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The requests and the long ones among them (``counts``: the window's short and
+    long requests per hop, oldest first) before its last ``hops`` hops, and in them."""
+    before, since = counts[:-hops], counts[-hops:]
+    return (
+        (sum(s + lg for s, lg in before), sum(lg for _, lg in before)),
+        (sum(s + lg for s, lg in since), sum(lg for _, lg in since)),
+    )
+
+
 def _nothing_started(state: planner.ControllerState) -> planner.ControllerState:
     """``state`` with its streaks reset: what a window that starts nothing leaves
     (a vetoed move, a move that cannot start yet)."""
@@ -732,9 +744,7 @@ class Controller:
         ps = self.settings
         if change is None:
             return None
-        counts = self.windows.hop_counts()
-        first = sum(s + lg for s, lg in counts[: -change.hops])
-        after = sum(s + lg for s, lg in counts) - first
+        (first, _), (after, _) = _tallies(self.windows.hop_counts(), change.hops)
         if first < ps.min_requests or after < ps.min_requests:
             return None
         return self._replaying(window.table.since(first), before, change)
@@ -835,10 +845,9 @@ class Controller:
         name = str(target)
         now = self._recall[-1].long_fraction
         if since is not None:
-            counts = self.windows.hop_counts()[-since.hops :]
-            n = sum(s + lg for s, lg in counts)
+            _, (n, long) = _tallies(self.windows.hop_counts(), since.hops)
             if n:
-                now = sum(lg for _, lg in counts) / n
+                now = long / n
         gains = []
         for look in reversed(self._recall):
             if not (now <= _SHIFT * look.long_fraction and look.long_fraction <= _SHIFT * now):
@@ -852,10 +861,8 @@ class Controller:
         for a split, either for None. Counted on the window's hops before and since it."""
         if change is None:
             return False
-        counts = self.windows.hop_counts()
-        before, since = counts[: -change.hops], counts[-change.hops :]
-        n_before, long_before = sum(s + lg for s, lg in before), sum(lg for _, lg in before)
-        n_since, long_since = sum(s + lg for s, lg in since), sum(lg for _, lg in since)
+        tallies = _tallies(self.windows.hop_counts(), change.hops)
+        (n_before, long_before), (n_since, long_since) = tallies
         # Shares compared without dividing: long_since / n_since vs long_before / n_before.
         after, earlier = long_since * n_before, long_before * n_since
         up = long_since > 0 and after >= _SHIFT * earlier
